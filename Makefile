@@ -1,0 +1,76 @@
+# encoderpool: every target installs what it needs. Heavy things (torch, the Go-built control
+# plane, helm, tiny checkpoints) live in a cache OUTSIDE the repo, so warm runs are fast.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+CACHE      ?= $(HOME)/.cache/encoderpool
+TOOLS      := $(CACHE)/tools
+UV         := $(TOOLS)/bin/uv
+UV_VERSION := 0.13.8
+VENV       := .venv
+PY         := $(VENV)/bin/python
+export UV_CACHE_DIR ?= $(CACHE)/uv
+export ENCODERPOOL_CACHE := $(CACHE)
+MODEL_ARCH ?= qwen2_vl
+MODEL      ?= $(CACHE)/models/$(MODEL_ARCH)-tiny
+HOST       ?= 127.0.0.1
+PORT       ?= 30000
+PYTEST_ARGS ?=
+
+.PHONY: help venv model run test test-unit test-integration e2e cluster control-plane bench lint kind-e2e clean
+
+help:
+	@echo "make run    - install, build the tiny default checkpoint, serve it on $(HOST):$(PORT)"
+	@echo "make test   - install, build what the tests need, run the whole suite"
+	@echo "make e2e    - only the control-plane end-to-end tier"
+	@echo "make cluster - start a local control plane with fake GPU nodes (Ctrl-C stops it)"
+	@echo "make bench  - run the benchmarks, write bench/results/"
+
+$(UV):
+	@echo ">> installing uv $(UV_VERSION) into $(TOOLS)"
+	python3 -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install -q uv==$(UV_VERSION)
+
+$(VENV)/.installed: pyproject.toml | $(UV)
+	@echo ">> creating $(VENV) and installing encoderpool (torch is cached in $(UV_CACHE_DIR) after the first run)"
+	@test -x $(PY) || $(UV) venv -q --python python3.11 $(VENV)
+	$(UV) pip install --python $(PY) -e '.[dev]'
+	@touch $@
+
+venv: $(VENV)/.installed
+
+model: venv
+	@test -f $(MODEL)/config.json || $(VENV)/bin/encoder-pod make-tiny-model --arch $(MODEL_ARCH) --out $(MODEL)
+
+run: model
+	$(VENV)/bin/encoder-pod serve --model-path $(MODEL) --host $(HOST) --port $(PORT)
+
+control-plane:
+	@bash hack/build-control-plane.sh
+
+test: venv control-plane
+	bash hack/run-tests.sh $(PYTEST_ARGS)
+
+test-unit: venv
+	$(VENV)/bin/pytest -m unit $(PYTEST_ARGS)
+
+test-integration: venv
+	$(VENV)/bin/pytest -m integration $(PYTEST_ARGS)
+
+e2e: venv control-plane
+	$(VENV)/bin/pytest -m e2e $(PYTEST_ARGS)
+
+cluster: venv control-plane
+	$(PY) -m tests.e2e.cluster
+
+bench: model
+	$(PY) bench/run_all.py
+
+lint: venv
+	$(VENV)/bin/lint-imports
+
+kind-e2e: venv
+	bash hack/kind-e2e.sh
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,160 @@
+"""The encoder pod's one exception tree.
+
+Each error carries an :class:`ErrorKind`; the kind maps to an HTTP status in ONE table
+(:data:`HTTP_STATUS`), used by the HTTP edge and by the typed messages that cross process
+boundaries (data-parallel workers, tensor-parallel ranks, the wire to prefill servers).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ErrorKind(str, Enum):
+    """What went wrong, independent of the transport that reports it."""
+
+    INVALID_REQUEST = "invalid_request"
+    DUPLICATE_REQUEST = "duplicate_request"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    OVERLOADED = "overloaded"
+    NOT_READY = "not_ready"
+    SHUTTING_DOWN = "shutting_down"
+    WORKER_DIED = "worker_died"
+    TIMEOUT = "timeout"
+    TRANSFER_FAILED = "transfer_failed"
+    INTERNAL = "internal"
+
+
+HTTP_STATUS: dict[ErrorKind, int] = {
+    ErrorKind.INVALID_REQUEST: 400,
+    ErrorKind.DUPLICATE_REQUEST: 409,
+    ErrorKind.PAYLOAD_TOO_LARGE: 413,
+    ErrorKind.OVERLOADED: 429,
+    ErrorKind.NOT_READY: 503,
+    ErrorKind.SHUTTING_DOWN: 503,
+    ErrorKind.WORKER_DIED: 503,
+    ErrorKind.TIMEOUT: 504,
+    ErrorKind.TRANSFER_FAILED: 502,
+    ErrorKind.INTERNAL: 500,
+}
+
+
+class EncoderError(Exception):
+    """Base of every error the encoder pod reports to a caller."""
+
+    kind: ErrorKind = ErrorKind.INTERNAL
+
+    def __init__(self, message: str, *, req_id: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.req_id = req_id
+
+    @property
+    def http_status(self) -> int:
+        """The HTTP status code of this error's kind."""
+        return HTTP_STATUS[self.kind]
+
+    @classmethod
+    def from_kind(cls, kind: ErrorKind, message: str, req_id: str | None = None) -> "EncoderError":
+        """Rebuild a typed error from a message that crossed a process boundary."""
+        err = _BY_KIND.get(kind, InternalError)(message, req_id=req_id)
+        err.kind = kind
+        return err
+
+
+class InvalidRequest(EncoderError):
+    """The request body or one of its fields is malformed (400)."""
+
+    kind = ErrorKind.INVALID_REQUEST
+
+
+class ItemError(InvalidRequest):
+    """One media item cannot be used; the message names its index (400)."""
+
+    def __init__(self, index: int, reason: str, *, req_id: str | None = None) -> None:
+        super().__init__(f"mm_items[{index}]: {reason}", req_id=req_id)
+        self.index = index
+        self.reason = reason
+
+
+class DuplicateRequest(EncoderError):
+    """A request with the same req_id is already in flight (409)."""
+
+    kind = ErrorKind.DUPLICATE_REQUEST
+
+
+class PayloadTooLarge(EncoderError):
+    """The body exceeds MAX_REQUEST_BYTES (413)."""
+
+    kind = ErrorKind.PAYLOAD_TOO_LARGE
+
+
+class Overloaded(EncoderError):
+    """The admission queue is full (429)."""
+
+    kind = ErrorKind.OVERLOADED
+
+
+class NotReady(EncoderError):
+    """The model is not loaded, or the health encode failed (503)."""
+
+    kind = ErrorKind.NOT_READY
+
+
+class ShuttingDown(EncoderError):
+    """The server is stopping and will not start this request (503)."""
+
+    kind = ErrorKind.SHUTTING_DOWN
+
+
+class WorkerDied(EncoderError):
+    """The worker process that held this request died (503)."""
+
+    kind = ErrorKind.WORKER_DIED
+
+
+class RequestTimeout(EncoderError):
+    """The request outlived REQ_TIMEOUT (504)."""
+
+    kind = ErrorKind.TIMEOUT
+
+
+class TransferFailed(EncoderError):
+    """The embedding could not be pushed to its prefill server (502)."""
+
+    kind = ErrorKind.TRANSFER_FAILED
+
+
+class InternalError(EncoderError):
+    """A real fault inside the server (500)."""
+
+    kind = ErrorKind.INTERNAL
+
+
+class SliceMismatch(InternalError):
+    """The model produced a different number of rows than preprocessing promised (500).
+
+    Handing out slices anyway would shift every later request's embedding, so the batch fails.
+    """
+
+    def __init__(self, expected: int, produced: int) -> None:
+        super().__init__(
+            f"encoder output has {produced} rows but preprocessing promised {expected}; "
+            "refusing to slice a batch that does not add up"
+        )
+        self.expected = expected
+        self.produced = produced
+
+
+_BY_KIND: dict[ErrorKind, type[EncoderError]] = {
+    ErrorKind.INVALID_REQUEST: InvalidRequest,
+    ErrorKind.DUPLICATE_REQUEST: DuplicateRequest,
+    ErrorKind.PAYLOAD_TOO_LARGE: PayloadTooLarge,
+    ErrorKind.OVERLOADED: Overloaded,
+    ErrorKind.NOT_READY: NotReady,
+    ErrorKind.SHUTTING_DOWN: ShuttingDown,
+    ErrorKind.WORKER_DIED: WorkerDied,
+    ErrorKind.TIMEOUT: RequestTimeout,
+    ErrorKind.TRANSFER_FAILED: TransferFailed,
+    ErrorKind.INTERNAL: InternalError,
+}

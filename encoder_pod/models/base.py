@@ -1,0 +1,178 @@
+"""The adapter contract every encoder family implements: preprocess / forward / postprocess / warmup.
+
+The split lets the batch worker run CPU preprocessing of the next batch while this batch's
+forward runs. An adapter never sees HTTP, queues or transports: it turns decoded media into
+embeddings and says how many output rows each item produced.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
+
+import torch
+
+from encoder_pod.errors import SliceMismatch
+from encoder_pod.modality import Modality
+from encoder_pod.settings import EncoderSettings
+
+
+@dataclass(frozen=True)
+class VideoClip:
+    """Decoded video frames, (T, H, W, 3) uint8 RGB, sampled at ``fps``."""
+
+    frames: Any
+    fps: float
+
+
+@dataclass(frozen=True)
+class MediaItem:
+    """One decoded media item.
+
+    ``data`` is a PIL RGB image (IMAGE), a float32 mono waveform at the adapter's sample rate
+    (AUDIO, numpy 1-D), or a :class:`VideoClip` (VIDEO).
+    """
+
+    modality: Modality
+    data: Any
+
+
+@dataclass
+class PreparedBatch:
+    """Model inputs for one batch plus the slicing plan promised by preprocessing."""
+
+    inputs: dict[str, Any]
+    item_tokens: list[list[int]]
+    """Per request, per item: output rows the forward will produce for that item."""
+    item_grids: list[list[list[int]]] = field(default_factory=list)
+    """Per request, per item: the item's grid (t, h, w), tile count or feature length."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_tokens(self) -> int:
+        """Rows the forward must produce for the whole batch."""
+        return sum(sum(tokens) for tokens in self.item_tokens)
+
+
+@dataclass
+class EncodedPart:
+    """One request's share of a batch output."""
+
+    embedding: torch.Tensor
+    """(rows, hidden), contiguous, on CPU."""
+    item_tokens: list[int]
+    item_grids: list[list[int]]
+
+
+class EncoderAdapter(ABC):
+    """One encoder family: loads the explicit HF class and its processor from a local checkpoint."""
+
+    name: ClassVar[str]
+    """Architecture name used by make-tiny-model and /server_info, e.g. ``qwen2_vl``."""
+    modalities: ClassVar[frozenset[Modality]]
+
+    def __init__(self, model_dir: Path, settings: EncoderSettings, device: torch.device, dtype: torch.dtype):
+        self.model_dir = Path(model_dir)
+        self.settings = settings
+        self.device = device
+        self.dtype = dtype
+
+    # --- selection and construction -------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def matches(cls, config: dict[str, Any]) -> bool:
+        """True when ``config.json`` (as a dict) describes this family."""
+
+    @classmethod
+    @abstractmethod
+    def write_tiny(cls, out: Path, preset: str = "tiny") -> None:
+        """Write a random-weight checkpoint and its processor config to ``out`` (offline).
+
+        ``preset`` is ``tiny`` (tests: about 1 MB, several heads) or ``moderate`` (benchmarks:
+        the sizes in shared/reference/models.md).
+        """
+
+    @abstractmethod
+    def load(self) -> None:
+        """Load weights with ``from_pretrained``; raise on missing or unexpected weights."""
+
+    # --- per item, before batching ---------------------------------------------------------
+    @abstractmethod
+    def measure(self, item: MediaItem) -> int:
+        """Validate one decoded item and return the output rows it will produce.
+
+        Raises ``ValueError`` with a human reason when the model cannot take the item.
+        """
+
+    # --- per batch --------------------------------------------------------------------------
+    @abstractmethod
+    def preprocess(self, requests: Sequence[Sequence[MediaItem]]) -> PreparedBatch:
+        """ONE processor call for every item of every request in the batch (CPU work)."""
+
+    @abstractmethod
+    def forward(self, batch: PreparedBatch) -> torch.Tensor:
+        """ONE forward for the batch; returns (total rows, hidden) with rows in item order."""
+
+    def postprocess(self, output: torch.Tensor, batch: PreparedBatch) -> list[EncodedPart]:
+        """Slice the output back per request by output rows, never by item count."""
+        if output.shape[0] != batch.total_tokens:
+            raise SliceMismatch(expected=batch.total_tokens, produced=int(output.shape[0]))
+        output = output.detach().to("cpu")
+        parts: list[EncodedPart] = []
+        start = 0
+        grids = batch.item_grids or [[[] for _ in tokens] for tokens in batch.item_tokens]
+        for tokens, item_grids in zip(batch.item_tokens, grids):
+            rows = sum(tokens)
+            parts.append(EncodedPart(output[start : start + rows].contiguous(), list(tokens), item_grids))
+            start += rows
+        return parts
+
+    def warmup(self) -> None:
+        """Run one real encode so the first request pays no lazy initialisation."""
+        item = self.health_item(sorted(self.modalities, key=lambda m: m.value)[0])
+        self.measure(item)
+        batch = self.preprocess([[item]])
+        self.postprocess(self.forward(batch), batch)
+
+    @abstractmethod
+    def health_item(self, modality: Modality) -> MediaItem:
+        """A tiny valid item (a 32x32 image, 10 ms of audio) for health encodes."""
+
+    # --- facts for /server_info and the media decoders --------------------------------------
+    @property
+    def sample_rate(self) -> int | None:
+        """Audio sample rate the model expects, or None for vision-only models."""
+        return None
+
+    @property
+    @abstractmethod
+    def hidden_size(self) -> int:
+        """Width of one output row."""
+
+    def info(self) -> dict[str, Any]:
+        """What /server_info shows about the model."""
+        return {
+            "arch": self.name,
+            "model_dir": str(self.model_dir),
+            "modalities": sorted(m.value for m in self.modalities),
+            "hidden_size": self.hidden_size,
+            "sample_rate": self.sample_rate,
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    """The checkpoint's config.json as a dict."""
+    return json.loads((Path(model_dir) / "config.json").read_text())
+
+
+def check_loading_info(name: str, info: dict[str, list[str]]) -> None:
+    """Fail loudly on missing or unexpected weights (AutoModel-style silent random init is a bug)."""
+    problems = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+    if problems:
+        detail = "; ".join(f"{k}: {sorted(map(str, v))[:8]}" for k, v in problems.items())
+        raise RuntimeError(f"checkpoint does not match {name}: {detail}")
