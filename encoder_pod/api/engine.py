@@ -1,0 +1,43 @@
+"""What the HTTP edge needs from whatever encodes: one runtime, or a data-parallel front."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from encoder_pod.metrics import EncoderMetrics
+
+
+class Engine(Protocol):
+    """The surface behind the routes; implemented by EncoderRuntime and the DP front."""
+
+    metrics: EncoderMetrics
+
+    async def start(self) -> None:
+        """Begin loading; must return quickly (the server answers 503 meanwhile)."""
+
+    def begin_shutdown(self) -> None:
+        """Stop admitting and answer every request that has not started."""
+
+    async def shutdown(self, grace: float) -> None:
+        """Finish started work within ``grace`` seconds and release everything."""
+
+    async def encode(self, body: Any) -> Any:
+        """Answer one /encode body; raises EncoderError."""
+
+    async def health(self) -> None:
+        """Raise NotReady unless a real encode works."""
+
+    def metrics_text(self) -> bytes:
+        """Prometheus text exposition."""
+
+    def info(self) -> dict[str, Any]:
+        """/server_info body."""
+
+    async def start_profile(self, options: dict[str, Any]) -> dict[str, Any]:
+        """Start profiling."""
+
+    async def stop_profile(self) -> dict[str, Any]:
+        """Stop profiling."""
+
+    async def register_receive_url(self, payload: dict[str, Any]) -> None:
+        """zmq_to_scheduler receive-URL registration."""

@@ -1,0 +1,162 @@
+"""The HTTP edge: FastAPI routes over an :class:`Engine`, errors mapped in ONE table.
+
+``create_app(settings, engine)`` builds the app; nothing happens at import. The engine is the
+single-process runtime or the data-parallel front: the routes do not know which.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from encoder_pod.api.engine import Engine
+from encoder_pod.api.openapi import ENCODE_OPENAPI
+from encoder_pod.errors import EncoderError, InvalidRequest, PayloadTooLarge
+from encoder_pod.settings import EncoderSettings
+
+log = logging.getLogger(__name__)
+
+CLIENT_GONE = 499
+"""Status recorded (never sent) for a request whose caller disconnected (nginx's convention)."""
+
+
+def error_body(message: str, req_id: str | None) -> dict[str, Any]:
+    """The error body of CONTRACT.md."""
+    return {"status": "error", "message": message, "req_id": req_id}
+
+
+async def _read_body(request: Request, limit: int) -> Any:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"body is {declared} bytes, above the limit of {limit} (ENCODER_MAX_REQUEST_BYTES)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"body is over the limit of {limit} bytes (ENCODER_MAX_REQUEST_BYTES)")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"body is not valid JSON ({exc})") from None
+
+
+async def _until_disconnect(request: Request) -> None:
+    # The body is fully read, so the next ASGI message is the client's disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _install_error_table(app: FastAPI, engine: Engine) -> None:
+    """The one place where exceptions become status codes."""
+
+    @app.exception_handler(EncoderError)
+    async def _encoder_error(request: Request, exc: EncoderError) -> JSONResponse:
+        return JSONResponse(error_body(exc.message, exc.req_id), status_code=exc.http_status)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error on %s", request.url.path)
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", None), status_code=500)
+
+
+def _lifespan(engine: Engine, settings: EncoderSettings):
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await engine.start()
+        yield
+        await engine.shutdown(grace=settings.req_timeout)
+
+    return lifespan
+
+
+def create_app(settings: EncoderSettings, engine: Engine) -> FastAPI:
+    """The encoder pod's HTTP app over ``engine``."""
+    app = FastAPI(title="encoderpool encoder pod", version="0.1.0", lifespan=_lifespan(engine, settings))
+    app.state.engine = engine
+    _install_error_table(app, engine)
+    metrics = engine.metrics
+
+    @app.post("/encode", openapi_extra=ENCODE_OPENAPI)
+    async def encode(request: Request) -> Any:
+        """Encode a request's media items and deliver the embedding (SGLang's /encode)."""
+        started = time.perf_counter()
+        code, req_id = 200, None
+        try:
+            body = await _read_body(request, settings.max_request_bytes)
+            req_id = body.get("req_id") if isinstance(body, dict) else None
+            task = asyncio.ensure_future(engine.encode(body))
+            watcher = asyncio.ensure_future(_until_disconnect(request))
+            done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if task not in done:
+                task.cancel()
+                code = CLIENT_GONE
+                await asyncio.gather(task, return_exceptions=True)
+                return Response(status_code=CLIENT_GONE)
+            watcher.cancel()
+            result = task.result()
+            return JSONResponse(result)
+        except EncoderError as exc:
+            code = exc.http_status
+            exc.req_id = exc.req_id or (req_id if isinstance(req_id, str) else None)
+            raise
+        except Exception:
+            code = 500
+            raise
+        finally:
+            metrics.requests.labels(code=str(code)).inc()
+            metrics.request_latency.observe(time.perf_counter() - started)
+
+    @app.get("/health")
+    async def health() -> Response:
+        """200 when a real tiny encode works (or live traffic just proved it), else 503."""
+        await engine.health()
+        return Response(status_code=200)
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        """Same probe as /health (SGLang's name; the readiness probe uses it)."""
+        await engine.health()
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        """Prometheus text exposition."""
+        return Response(engine.metrics_text(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/server_info")
+    async def server_info() -> dict[str, Any]:
+        """State, model facts, queue and the effective settings."""
+        return engine.info()
+
+    @app.post("/scheduler_receive_url")
+    async def scheduler_receive_url(request: Request) -> dict[str, Any]:
+        """zmq_to_scheduler: register where a prefill rank receives a request's embedding."""
+        payload = await _read_body(request, 64 * 1024)
+        if not isinstance(payload, dict):
+            raise InvalidRequest("body must be a JSON object")
+        await engine.register_receive_url(payload)
+        return {"status": "ok"}
+
+    @app.post("/start_profile")
+    async def start_profile(request: Request) -> dict[str, Any]:
+        """Start the torch profiler (output_dir, num_steps, activities, with_stack, record_shapes)."""
+        raw = await request.body()
+        options = json.loads(raw) if raw.strip() else {}
+        if not isinstance(options, dict):
+            raise InvalidRequest("body must be a JSON object")
+        return await engine.start_profile(options)
+
+    @app.post("/stop_profile")
+    async def stop_profile() -> dict[str, Any]:
+        """Stop the profiler and write the trace."""
+        return await engine.stop_profile()
+
+    return app

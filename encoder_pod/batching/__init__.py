@@ -1,0 +1,1 @@
+"""Cross-request batching: pending entries, the batch scheduler and the admission bound."""

@@ -1,0 +1,46 @@
+"""``encoder-pod``: serve an encoder, or write a tiny random-weight checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from encoder_pod.settings import add_settings_arguments, load_settings, model_dir
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="encoder-pod", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve /encode over HTTP")
+    add_settings_arguments(serve)
+    tiny = sub.add_parser("make-tiny-model", help="write a random-weight checkpoint (offline)")
+    tiny.add_argument("--arch", required=True, help="qwen2_vl, qwen2_5_vl, clip, siglip, llava_next, whisper, qwen2_audio")
+    tiny.add_argument("--out", required=True, type=Path, help="output directory")
+    tiny.add_argument("--preset", default="tiny", choices=["tiny", "moderate"], help="size of the checkpoint")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``encoder-pod`` command."""
+    args = _parser().parse_args(argv)
+    if args.command == "make-tiny-model":
+        from encoder_pod.models.registry import make_tiny_model
+
+        try:
+            make_tiny_model(args.arch, args.out, preset=args.preset)
+        except ValueError as exc:
+            print(f"encoder-pod: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.arch} ({args.preset}) checkpoint to {args.out}")
+        return 0
+    settings = load_settings(cli=vars(args))
+    model_dir(settings)
+    from encoder_pod.server import serve
+
+    serve(settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

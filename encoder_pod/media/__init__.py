@@ -1,0 +1,1 @@
+"""Media items: where their bytes come from (sources) and how they are decoded."""

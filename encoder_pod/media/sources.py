@@ -1,0 +1,106 @@
+"""Fetching an item's bytes: data: URIs, raw base64, http(s) URLs (opt-in), local files (opt-in).
+
+Each source is refused unless the operator allowed it: URL fetching needs ALLOW_URL_FETCH and a
+host in ALLOWED_URL_HOSTS; file paths need ALLOWED_LOCAL_MEDIA_PATH and may not escape it
+through ``..`` or symbolic links.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+from pathlib import Path
+from urllib.parse import unquote_to_bytes, urlsplit
+
+import httpx
+
+from encoder_pod.settings import EncoderSettings
+
+_BASE64 = re.compile(r"^[A-Za-z0-9+/_\-\s]*={0,2}\s*$")
+
+
+class SourceError(ValueError):
+    """The item's bytes cannot be had; the message says why."""
+
+
+def _b64decode(text: str) -> bytes:
+    compact = "".join(text.split())
+    compact += "=" * (-len(compact) % 4)
+    try:
+        if "-" in compact or "_" in compact:
+            return base64.urlsafe_b64decode(compact)
+        return base64.b64decode(compact, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise SourceError(f"invalid base64 ({exc})") from None
+
+
+def _data_uri(uri: str) -> bytes:
+    header, sep, payload = uri[5:].partition(",")
+    if not sep:
+        raise SourceError("malformed data: URI (no comma)")
+    if header.endswith(";base64"):
+        return _b64decode(payload)
+    return unquote_to_bytes(payload)
+
+
+def looks_like_base64(text: str) -> bool:
+    """Raw base64 (JPEG's starts with '/9j/', so a leading '/' alone does not make a path)."""
+    return len(text) >= 16 and bool(_BASE64.match(text))
+
+
+class MediaSources:
+    """Turns an item's source string into bytes under the configured policy."""
+
+    def __init__(self, settings: EncoderSettings) -> None:
+        self._settings = settings
+        self._max_bytes = settings.max_request_bytes
+        root = settings.allowed_local_media_path
+        self._root = Path(os.path.realpath(root)) if root else None
+
+    def fetch(self, source: str) -> bytes:
+        """The item's bytes; raises :class:`SourceError` naming the reason."""
+        lowered = source[:16].lower()
+        if lowered.startswith("data:"):
+            return _data_uri(source)
+        if lowered.startswith(("http://", "https://")):
+            return self._url(source)
+        if lowered.startswith("file://"):
+            return self._file(source[7:])
+        if not looks_like_base64(source) and any(c in source for c in "/.\\"):
+            return self._file(source)
+        return _b64decode(source)
+
+    def _url(self, url: str) -> bytes:
+        if not self._settings.allow_url_fetch:
+            raise SourceError("URL items are refused: fetching is off (ENCODER_ALLOW_URL_FETCH=false)")
+        host = (urlsplit(url).hostname or "").lower()
+        if host not in self._settings.allowed_url_hosts:
+            raise SourceError(f"host {host!r} is not in ENCODER_ALLOWED_URL_HOSTS")
+        timeout = httpx.Timeout(self._settings.url_fetch_timeout)
+        # Redirects are not followed: a redirect could lead off the allowed hosts.
+        with httpx.Client(timeout=timeout, follow_redirects=False) as client:
+            with client.stream("GET", url) as resp:
+                if resp.status_code != 200:
+                    raise SourceError(f"fetching {url} gave HTTP {resp.status_code}")
+                chunks, size = [], 0
+                for chunk in resp.iter_bytes():
+                    size += len(chunk)
+                    if size > self._max_bytes:
+                        raise SourceError(f"{url} is larger than {self._max_bytes} bytes")
+                    chunks.append(chunk)
+                return b"".join(chunks)
+
+    def _file(self, path: str) -> bytes:
+        if self._root is None:
+            raise SourceError("file paths are refused (ENCODER_ALLOWED_LOCAL_MEDIA_PATH is unset)")
+        # realpath resolves '..' and every symbolic link, so the check sees where the bytes live.
+        real = Path(os.path.realpath(self._root / path if not os.path.isabs(path) else path))
+        if not real.is_relative_to(self._root):
+            raise SourceError(f"path {path!r} is outside the allowed media directory")
+        if not real.is_file():
+            raise SourceError(f"no such file {path!r} under the allowed media directory")
+        if real.stat().st_size > self._max_bytes:
+            raise SourceError(f"file {path!r} is larger than {self._max_bytes} bytes")
+        return real.read_bytes()

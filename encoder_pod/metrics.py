@@ -1,0 +1,53 @@
+"""Prometheus metrics of one encoder process, on a registry of its own (no global state)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 180)
+_SIZE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
+_TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144)
+
+
+class EncoderMetrics:
+    """Every metric the encoder pod exports; one instance per process."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, prefix: str = "encoder") -> None:
+        self.registry = registry or CollectorRegistry()
+        r, p = self.registry, prefix
+        self.queue_depth = Gauge(f"{p}_queue_depth", "Requests admitted and not yet in a batch.", registry=r)
+        self.inflight = Gauge(f"{p}_inflight_requests", "Requests admitted and not yet answered.", registry=r)
+        self.batch_size = Histogram(f"{p}_batch_size", "Requests per batch.", buckets=_SIZE_BUCKETS, registry=r)
+        self.batch_items = Histogram(f"{p}_batch_items", "Media items per batch.", buckets=_SIZE_BUCKETS, registry=r)
+        self.batch_tokens = Histogram(
+            f"{p}_batch_tokens", "Encoder output tokens per batch.", buckets=_TOKEN_BUCKETS, registry=r
+        )
+        self.queue_wait = Histogram(
+            f"{p}_queue_wait_seconds", "Time from admission to joining a batch.", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.decode_latency = Histogram(
+            f"{p}_decode_seconds", "Fetch and decode of a request's items.", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.preprocess_latency = Histogram(
+            f"{p}_preprocess_seconds", "Processor call per batch.", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.forward_latency = Histogram(
+            f"{p}_forward_seconds", "Encoder forward per batch.", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.request_latency = Histogram(
+            f"{p}_request_seconds", "Total time of an /encode request.", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.requests = Counter(f"{p}_requests", "Answered /encode requests by HTTP status.", ["code"], registry=r)
+        self.batch_failures = Counter(
+            f"{p}_batch_failures", "Batches that failed and were retried one request at a time.", ["stage"], registry=r
+        )
+        self.slice_mismatches = Counter(
+            f"{p}_slice_mismatch", "Batches whose output rows did not add up to the promised tokens.", registry=r
+        )
+        self.dropped = Counter(
+            f"{p}_dropped_requests", "Requests dropped before compute (caller gone or timed out).", ["reason"], registry=r
+        )
+
+    def render(self) -> bytes:
+        """Prometheus text exposition of this registry."""
+        return generate_latest(self.registry)

@@ -1,0 +1,156 @@
+"""Admission, timeouts, disconnects, duplicates, health and shutdown on a real server.
+
+Slowness comes from real sources: a media host that holds its responses (a slow origin) and a
+moderate-size checkpoint encoding many images (a busy model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from encoder_pod.errors import NotReady
+from encoder_pod.models.registry import load_adapter
+from encoder_pod.runtime import EncoderRuntime, State
+from encoder_pod.settings import load_settings
+from tests.integration.encode_client import encode
+from tests.support.media_host import MediaHost
+from tests.support.server import EncoderServer, png_data_uri
+
+pytestmark = pytest.mark.integration
+
+
+def _held_env(**extra: str) -> dict[str, str]:
+    return {"ENCODER_ALLOW_URL_FETCH": "true", "ENCODER_ALLOWED_URL_HOSTS": "127.0.0.1", **extra}
+
+
+def _wait_inflight(server: EncoderServer, n: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while httpx.get(server.base_url + "/server_info", timeout=5).json()["inflight"] < n:
+        assert time.monotonic() < deadline, "requests never became in flight"
+        time.sleep(0.05)
+
+
+def test_duplicate_inflight_req_id_is_409(tiny_model):
+    with MediaHost() as host, EncoderServer(tiny_model("qwen2_vl"), env=_held_env()) as server, ThreadPoolExecutor(2) as pool:
+        first = pool.submit(encode, server.base_url, "dup", [host.base_url + "/held/40x40.png"])
+        _wait_inflight(server, 1)
+        second = encode(server.base_url, "dup", [png_data_uri(40, 40)])
+        assert second.status_code == 409 and "dup" in second.json()["message"]
+        host.release()
+        assert first.result().status_code == 200
+        # Once answered, the id may be used again.
+        assert encode(server.base_url, "dup", [png_data_uri(40, 40)]).status_code == 200
+
+
+def test_queue_full_is_429_at_once(tiny_model):
+    with MediaHost() as host, EncoderServer(tiny_model("qwen2_vl"), env=_held_env(ENCODER_MAX_QUEUE="2")) as server, ThreadPoolExecutor(2) as pool:
+        held = [pool.submit(encode, server.base_url, f"q{i}", [host.base_url + "/held/40x40.png"]) for i in range(2)]
+        _wait_inflight(server, 2)
+        started = time.monotonic()
+        over = encode(server.base_url, "q-over", [png_data_uri(40, 40)])
+        assert over.status_code == 429 and "queue is full" in over.json()["message"]
+        assert time.monotonic() - started < 5
+        host.release()
+        assert [f.result().status_code for f in held] == [200, 200]
+        assert encode(server.base_url, "q-after", [png_data_uri(40, 40)]).status_code == 200
+
+
+def test_timeout_504_and_queued_work_dropped(tiny_model):
+    """Requests stuck behind a long batch get 504 after REQ_TIMEOUT; their work never runs."""
+    env = {"ENCODER_REQ_TIMEOUT": "1.5", "ENCODER_MAX_BATCH_SIZE": "1"}
+    with EncoderServer(tiny_model("clip", preset="moderate"), env=env) as server, ThreadPoolExecutor(4) as pool:
+        big = pool.submit(encode, server.base_url, "big", [png_data_uri(224, 224, seed=i) for i in range(150)])
+        _wait_inflight(server, 1)
+        time.sleep(0.3)
+        small = [pool.submit(encode, server.base_url, f"s{i}", [png_data_uri(32, 32)]) for i in range(3)]
+        answers = [f.result() for f in small] + [big.result()]
+        assert [r.status_code for r in answers] == [504] * 4, [r.text for r in answers]
+        assert "ENCODER_REQ_TIMEOUT" in answers[0].json()["message"]
+        time.sleep(4)  # let the long batch finish; the timed-out requests must not have run
+        assert server.metric("encoder_dropped_requests_total", 'reason="timeout"') >= 3
+        assert httpx.get(server.base_url + "/health", timeout=30).status_code == 200
+
+
+def test_disconnected_client_work_is_dropped(tiny_model):
+    env = {"ENCODER_MAX_BATCH_SIZE": "1"}
+    with EncoderServer(tiny_model("clip", preset="moderate"), env=env) as server, ThreadPoolExecutor(4) as pool:
+        big = pool.submit(encode, server.base_url, "big", [png_data_uri(224, 224, seed=i) for i in range(100)])
+        _wait_inflight(server, 1)
+        time.sleep(0.3)
+        gone = [pool.submit(encode, server.base_url, f"g{i}", [png_data_uri(32, 32)], timeout=0.5) for i in range(3)]
+        for f in gone:
+            with pytest.raises(httpx.ReadTimeout):
+                f.result()
+        assert big.result().status_code == 200
+        deadline = time.monotonic() + 10
+        while server.metric("encoder_dropped_requests_total", 'reason="client_gone"') < 3:
+            assert time.monotonic() < deadline, server.log_text()
+            time.sleep(0.1)
+        # Only the big request was ever encoded.
+        assert server.metric("encoder_batch_items_sum") == 100 + 1  # + the start-up health encode
+
+
+def test_sigterm_answers_every_queued_request(tiny_model):
+    with MediaHost() as host:
+        server = EncoderServer(tiny_model("qwen2_vl"), env=_held_env()).start()
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(encode, server.base_url, f"t{i}", [host.base_url + "/held/40x40.png"]) for i in range(4)]
+            _wait_inflight(server, 4)
+            server.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            host.release()
+            answers = [f.result() for f in futures]
+        assert all(r.status_code == 503 for r in answers), [r.text for r in answers]
+        assert all("shutting down" in r.json()["message"] for r in answers)
+        assert server.proc.wait(30) == 0
+
+
+def test_health_503_while_loading_then_200(tiny_model):
+    """Health is a real encode: 503 before the model is loaded, 200 after."""
+    gate = threading.Event()
+    settings = load_settings(env={"ENCODER_MODEL_PATH": str(tiny_model("qwen2_vl"))})
+
+    def gated_loader(s):
+        gate.wait(30)
+        return load_adapter(s)
+
+    async def scenario() -> None:
+        runtime = EncoderRuntime(settings, adapter_loader=gated_loader)
+        await runtime.start()
+        with pytest.raises(NotReady, match="loading"):
+            await runtime.health()
+        gate.set()
+        assert await runtime.wait_loaded() is State.READY
+        await runtime.health()
+        await runtime.shutdown(grace=1)
+
+    asyncio.run(scenario())
+
+
+def test_bad_checkpoint_never_ready(tiny_model, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model("qwen2_vl"), broken)
+    for f in broken.glob("*.safetensors"):
+        f.write_bytes(b"not a safetensors file")
+    server = EncoderServer(broken).start(wait_ready=False)
+    try:
+        server.wait_status("/server_info", 200, 60)
+        deadline = time.monotonic() + 60
+        while (info := httpx.get(server.base_url + "/server_info", timeout=5).json())["state"] == "loading":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert info["state"] == "failed" and info["load_error"]
+        health = httpx.get(server.base_url + "/health", timeout=5)
+        assert health.status_code == 503 and "failed to load" in health.json()["message"]
+        assert encode(server.base_url, "x", [png_data_uri(8, 8)]).status_code == 503
+    finally:
+        server.stop()

@@ -1,0 +1,80 @@
+"""Item sources and image decoding policy."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+
+import pytest
+from PIL import Image
+
+from encoder_pod.media.images import decode_image
+from encoder_pod.media.sources import MediaSources, SourceError
+from encoder_pod.settings import load_settings
+
+pytestmark = pytest.mark.unit
+
+
+def _png(w: int = 20, h: int = 10) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (10, 20, 30)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _jpeg_b64() -> str:
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16)).save(buf, format="JPEG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def test_data_uri_raw_base64_and_jpeg_leading_slash():
+    src = MediaSources(load_settings(env={}))
+    png = _png()
+    assert src.fetch("data:image/png;base64," + base64.b64encode(png).decode()) == png
+    assert src.fetch(base64.b64encode(png).decode()) == png
+    jpeg = _jpeg_b64()
+    assert jpeg.startswith("/9j/")  # looks like a path, is base64
+    assert src.fetch(jpeg)[:2] == b"\xff\xd8"
+
+
+def test_paths_refused_without_root_and_confined_with_it(tmp_path):
+    with pytest.raises(SourceError, match="ALLOWED_LOCAL_MEDIA_PATH"):
+        MediaSources(load_settings(env={})).fetch("/tmp/x.png")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "a.png").write_bytes(_png())
+    (tmp_path / "out.png").write_bytes(_png())
+    os.symlink(tmp_path / "out.png", root / "sneaky.png")
+    src = MediaSources(load_settings(env={"ENCODER_ALLOWED_LOCAL_MEDIA_PATH": str(root)}))
+    assert src.fetch(str(root / "a.png")) == _png()
+    assert src.fetch("file://a.png") == _png()
+    for bad in ["../out.png", str(root / "sneaky.png"), "file:///etc/passwd", str(root / ".." / "out.png")]:
+        with pytest.raises(SourceError, match="outside"):
+            src.fetch(bad)
+
+
+def test_urls_refused_unless_allowed():
+    with pytest.raises(SourceError, match="ENCODER_ALLOW_URL_FETCH"):
+        MediaSources(load_settings(env={})).fetch("https://example.com/a.png")
+    src = MediaSources(load_settings(env={"ENCODER_ALLOW_URL_FETCH": "1", "ENCODER_ALLOWED_URL_HOSTS": "good.example"}))
+    with pytest.raises(SourceError, match="evil.example"):
+        src.fetch("https://evil.example/a.png")
+
+
+def test_decode_checks_size_before_pixels():
+    with pytest.raises(ValueError, match="above the limit"):
+        decode_image(_png(100, 100), max_pixels=5000)
+    assert decode_image(_png(100, 10), max_pixels=5000).size == (100, 10)
+    with pytest.raises(ValueError, match="truncated"):
+        decode_image(_png(64, 64)[:80], max_pixels=10**6)
+    with pytest.raises(ValueError, match="not a decodable image"):
+        decode_image(b"GIF89a-but-not-really", max_pixels=10**6)
+    with pytest.raises(ValueError, match="empty"):
+        decode_image(b"", max_pixels=10**6)
+
+
+def test_grayscale_and_rgba_become_rgb():
+    buf = io.BytesIO()
+    Image.new("LA", (8, 8)).save(buf, format="PNG")
+    assert decode_image(buf.getvalue(), 10**6).mode == "RGB"
