@@ -1,0 +1,1 @@
+"""Encoder adapters: one per model family, behind the contract in base.py."""
