@@ -1,0 +1,78 @@
+"""Shared pieces of the benchmarks: checkpoints in the cache, test images, latency stats."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+CACHE = Path(os.environ.get("ENCODERPOOL_CACHE", Path.home() / ".cache" / "encoderpool"))
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def checkpoint(arch: str, preset: str = "moderate") -> Path:
+    """A random-weight checkpoint in the cache, built once."""
+    from encoder_pod.models.registry import make_tiny_model
+
+    out = CACHE / "models" / f"{arch}-{preset}"
+    if not (out / "config.json").is_file():
+        make_tiny_model(arch, out, preset=preset)
+    return out
+
+
+def jpeg_uri(width: int = 640, height: int = 480, seed: int = 0) -> str:
+    """A photo-like JPEG (smooth gradients plus mild noise) as a data: URI."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([(x * 255 // width), (y * 255 // height), ((x + y) * 127 // (width + height))], -1)
+    arr = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="JPEG", quality=85)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100) of ``values``."""
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+def summary(latencies: list[float], images: int, wall: float) -> dict[str, float]:
+    """Throughput and latency percentiles in milliseconds."""
+    return {
+        "images_per_s": images / wall,
+        "p50_ms": percentile(latencies, 50) * 1000,
+        "p99_ms": percentile(latencies, 99) * 1000,
+        "mean_ms": statistics.fmean(latencies) * 1000 if latencies else float("nan"),
+        "requests": len(latencies),
+    }
+
+
+def machine() -> dict[str, Any]:
+    """Facts about where the numbers were taken."""
+    import torch
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def write_json(name: str, data: dict[str, Any]) -> Path:
+    """Write ``bench/results/<name>.json``."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
