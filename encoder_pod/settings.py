@@ -127,6 +127,12 @@ class EncoderSettings(BaseSettings):
 
     log_level: Literal["debug", "info", "warning", "error"] = _env("log_level", "info", "Log level.")
 
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):  # type: ignore[no-untyped-def]
+        """Only explicit values: :func:`load_settings` reads the environment itself, so that the
+        ``ENCODER_`` name beats the ``SGLANG_ENCODER_`` alias and errors name the variable."""
+        return (init_settings,)
+
     @field_validator("allowed_url_hosts", mode="before")
     @classmethod
     def _split_hosts(cls, value: Any) -> Any:

@@ -81,6 +81,7 @@ class EncoderServer:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
         """Send ``sig`` and wait; kills after ``timeout``. Returns the exit code."""
+        self._log.close()  # the child holds its own descriptor; ours is only for writing
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
         self.proc.send_signal(sig)
