@@ -1,0 +1,239 @@
+"""CLIP and SigLIP vision towers, LLaVA-style: a fixed number of patch rows per image.
+
+Output choices (what a LLaVA-family language model consumes, not the contrastive embedding):
+
+- CLIP: the penultimate layer's patch tokens without CLS, i.e. LLaVA's ``vision_feature_layer=-2``
+  with the ``default`` select strategy: ``hidden_states[-2][:, 1:]``. Rows per image =
+  ``(image_size / patch_size) ** 2`` (576 for CLIP-L/14-336). The last encoder layer is dropped
+  after the strict load, so it is never computed (``last_hidden_state`` then *is* the penultimate
+  layer's output; CLIP applies ``post_layernorm`` only to the pooled CLS, which is not served). A
+  ``CLIPVisionModelWithProjection`` checkpoint is loaded with that class so its projection weight
+  is accounted for, but the projection (a pooled, contrastive output) is not used.
+- SigLIP: ``last_hidden_state`` (all layers, ``post_layernorm`` applied; SigLIP has no CLS), as
+  PaliGemma consumes it. The attention-pooling head is loaded but switched off. A tower that must
+  end earlier (LLaVA-OneVision drops the last layer) is saved with fewer layers in its config.
+
+Images are prepared exactly as the checkpoint's processor config says (CLIP: shortest edge then
+center crop; SigLIP: plain resize). LLaVA-1.5's pad-to-square is a client-side choice, not done here.
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
+
+import torch
+from PIL import Image
+from transformers import CLIPImageProcessorPil, SiglipImageProcessorPil
+from transformers.models.clip.configuration_clip import CLIPVisionConfig
+from transformers.models.clip.modeling_clip import CLIPVisionModel, CLIPVisionModelWithProjection
+from transformers.models.siglip.configuration_siglip import SiglipVisionConfig
+from transformers.models.siglip.modeling_siglip import SiglipVisionModel
+
+from encoder_pod.models.base import MediaItem, PreparedBatch, read_config
+from encoder_pod.models.vision import (
+    VisionAdapter,
+    check_preset,
+    flatten,
+    image_size,
+    names_family,
+    randomize,
+    regroup,
+    save_atomically,
+)
+
+CLIP_FEATURE_LAYER = -2
+"""LLaVA's ``vision_feature_layer``: index into ``hidden_states`` (embeddings, then every layer)."""
+
+# A non-square probe: a processor config that keeps the aspect ratio (no crop) shows up at load.
+_PROBE_SIZE = (37, 53)
+
+_TOWER = {
+    # 32 px images, 8 px patches: 16 rows per image; 3 layers so the CLIP cut leaves 2.
+    "tiny": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "image_size": 32,
+        "patch_size": 8,
+    },
+    # /16 224 px, hidden 384, 4 layers (shared/reference/models.md): 196 rows per image.
+    "moderate": {
+        "hidden_size": 384,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 6,
+        "image_size": 224,
+        "patch_size": 16,
+    },
+}
+
+
+def _side_pair(value: Any) -> tuple[int, int]:
+    """(height, width) from a config's ``image_size``/``patch_size`` (an int or a pair)."""
+    return (int(value), int(value)) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
+class _FixedGridAdapter(VisionAdapter):
+    """Towers whose processor gives every image the same size, hence the same rows."""
+
+    model_type: ClassVar[str]
+    model_classes: ClassVar[dict[str, type]]
+    """Architecture name -> class; the first is used when config.json names none."""
+    processor_cls: ClassVar[type]
+
+    rows_per_image: int
+
+    @classmethod
+    def matches(cls, config: dict[str, Any]) -> bool:
+        """The saved tower's config: its model_type and, if named, one of its classes."""
+        return names_family(config, cls.model_type, list(cls.model_classes))
+
+    def load(self) -> None:
+        """The class named by config.json (strict weights), the PIL processor by name."""
+        # By name: AutoImageProcessor would look for the torchvision variant first and warn.
+        self.processor = self.processor_cls.from_pretrained(self.model_dir)
+        named = read_config(self.model_dir).get("architectures") or list(self.model_classes)
+        model_cls = next(self.model_classes[n] for n in named if n in self.model_classes)
+        self.model = self._load_checked(model_cls)
+        self.tower = self._select_output(self.model)
+        self.rows_per_image = self._check_processor()
+
+    def _select_output(self, model: Any) -> Any:
+        """Trim the loaded model to the served output; returns the module ``forward`` calls."""
+        raise NotImplementedError
+
+    def _rows(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(images, tokens, hidden) -> the served rows per image."""
+        return hidden
+
+    def _check_processor(self) -> int:
+        """Rows per image; refuses a processor whose output size does not fit the position embeddings."""
+        config = self.tower.config
+        expected = _side_pair(config.image_size)
+        got = tuple(self._process([Image.new("RGB", _PROBE_SIZE)])["pixel_values"].shape[-2:])
+        if got != expected:
+            raise RuntimeError(
+                f"preprocessor_config.json in {self.model_dir} gives {got[0]}x{got[1]} images from a "
+                f"{_PROBE_SIZE[1]}x{_PROBE_SIZE[0]} probe, but the tower expects {expected[0]}x{expected[1]}"
+            )
+        # Both families serve exactly the patch tokens (CLIP's CLS is dropped in _rows).
+        patch = _side_pair(config.patch_size)
+        return (expected[0] // patch[0]) * (expected[1] // patch[1])
+
+    def measure(self, item: MediaItem) -> int:
+        """Every accepted image gives the same rows (the processor resizes to one size)."""
+        image_size(item, self.modalities)
+        return self.rows_per_image
+
+    def preprocess(self, requests: Sequence[Sequence[MediaItem]]) -> PreparedBatch:
+        """One processor call: (images, 3, H, W)."""
+        images = flatten(requests)
+        pixels = self._process(images)["pixel_values"]
+        return PreparedBatch(
+            inputs={"pixel_values": pixels},
+            item_tokens=regroup([self.rows_per_image] * len(images), requests),
+            # No grid for fixed-size towers: the row count says everything.
+            item_grids=regroup([[] for _ in images], requests),
+        )
+
+    def forward(self, batch: PreparedBatch) -> torch.Tensor:
+        """One forward; returns the served rows of every image, flattened in item order."""
+        with torch.inference_mode():
+            pixels = batch.inputs["pixel_values"].to(self.device, self.dtype)
+            hidden = self._rows(self.tower(pixel_values=pixels).last_hidden_state)
+            return hidden.reshape(-1, hidden.shape[-1])
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of a patch row."""
+        return int(self.tower.config.hidden_size)
+
+    @classmethod
+    def _write(cls, out: Path, preset: str, model_cls: type, processor: Any) -> None:
+        """Seeded random ``model_cls`` of ``preset`` size plus ``processor``'s config, config.json last."""
+        model = model_cls(cls._config(preset))
+        randomize(model, seed=zlib.crc32(f"{cls.name}:{model_cls.__name__}".encode()))
+
+        def write(tmp: Path) -> None:
+            model.save_pretrained(tmp)
+            processor.save_pretrained(tmp)
+
+        save_atomically(out, write)
+
+    @classmethod
+    def _config(cls, preset: str) -> Any:
+        raise NotImplementedError
+
+
+class CLIPAdapter(_FixedGridAdapter):
+    """CLIP vision tower (``clip_vision_model``), penultimate-layer patch tokens without CLS."""
+
+    name = "clip"
+    model_type = "clip_vision_model"
+    model_classes = {
+        "CLIPVisionModel": CLIPVisionModel,
+        "CLIPVisionModelWithProjection": CLIPVisionModelWithProjection,
+    }
+    processor_cls = CLIPImageProcessorPil
+
+    @classmethod
+    def write_tiny(cls, out: Path, preset: str = "tiny") -> None:
+        """A ``CLIPVisionModel`` checkpoint with a ``CLIPImageProcessorPil`` config."""
+        write_clip(out, preset, with_projection=False)
+
+    @classmethod
+    def _config(cls, preset: str) -> CLIPVisionConfig:
+        return CLIPVisionConfig(projection_dim=32 if preset == "tiny" else 512, **_TOWER[preset])
+
+    def _select_output(self, model: Any) -> Any:
+        tower = model.vision_model if isinstance(model, CLIPVisionModelWithProjection) else model
+        layers = tower.encoder.layers
+        # hidden_states[k] (k < 0) is the output after len(layers) + 1 + k layers: keep just those.
+        keep = len(layers) + 1 + CLIP_FEATURE_LAYER
+        if keep < 1:
+            raise RuntimeError(
+                f"a CLIP tower with {len(layers)} layers has no hidden_states[{CLIP_FEATURE_LAYER}]"
+            )
+        tower.encoder.layers = layers[:keep]
+        return tower
+
+    def _rows(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden[:, 1:]  # drop CLS (LLaVA's "default" feature select strategy)
+
+
+def write_clip(out: Path, preset: str = "tiny", *, with_projection: bool = False) -> None:
+    """Write a CLIP tower, optionally as ``CLIPVisionModelWithProjection`` (what some LLaVAs ship)."""
+    check_preset(preset)
+    side = _TOWER[preset]["image_size"]
+    processor = CLIPImageProcessorPil(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
+    model_cls = CLIPVisionModelWithProjection if with_projection else CLIPVisionModel
+    CLIPAdapter._write(out, preset, model_cls, processor)
+
+
+class SiglipAdapter(_FixedGridAdapter):
+    """SigLIP vision tower (``siglip_vision_model``), last_hidden_state (no CLS exists)."""
+
+    name = "siglip"
+    model_type = "siglip_vision_model"
+    model_classes = {"SiglipVisionModel": SiglipVisionModel}
+    processor_cls = SiglipImageProcessorPil
+
+    @classmethod
+    def write_tiny(cls, out: Path, preset: str = "tiny") -> None:
+        """A ``SiglipVisionModel`` checkpoint (with its pooling head) and a ``SiglipImageProcessorPil`` config."""
+        check_preset(preset)
+        side = _TOWER[preset]["image_size"]
+        cls._write(out, preset, SiglipVisionModel, SiglipImageProcessorPil(size={"height": side, "width": side}))
+
+    @classmethod
+    def _config(cls, preset: str) -> SiglipVisionConfig:
+        return SiglipVisionConfig(**_TOWER[preset])
+
+    def _select_output(self, model: Any) -> Any:
+        # The attention-pooling head makes the pooled (contrastive) output, which is not served:
+        # its weights were loaded (strictness), its compute is skipped.
+        model.use_head = False
+        return model
