@@ -69,3 +69,14 @@ def load_adapter(settings: EncoderSettings) -> EncoderAdapter:
     log.info("loading %s encoder from %s on %s", cls.name, path, device)
     adapter.load()
     return adapter
+
+
+def make_tiny_model(arch: str, out: Path, preset: str = "tiny") -> Path:
+    """Write a random-weight ``arch`` checkpoint and its processor config to ``out`` (offline).
+
+    ``preset`` is ``tiny`` (tests) or ``moderate`` (benchmarks). ``config.json`` is written last,
+    so a directory holding one is a complete checkpoint. Returns ``out``.
+    """
+    out = Path(out)
+    adapter_class(arch).write_tiny(out, preset)
+    return out
