@@ -1,0 +1,57 @@
+"""``python -m tests.e2e.cluster``: start a local cluster, print how to use it, stop on Ctrl-C.
+
+SIGTERM and SIGHUP are turned into the same orderly stop as Ctrl-C (the reaper would clean up
+anyway, but an orderly stop also removes the temp dir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+
+from . import Cluster, ClusterOptions, MissingBinaries
+
+
+def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    parser = argparse.ArgumentParser(prog="python -m tests.e2e.cluster", description=__doc__)
+    parser.add_argument("--no-local-node", action="store_true", help="do not register the local node")
+    parser.add_argument("--keep", action="store_true", help="keep logs and etcd data after stopping")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request is noise here
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _raise_keyboard_interrupt)
+    try:
+        cluster = Cluster(options=ClusterOptions(local_node=not args.no_local_node, keep_workdir=args.keep))
+    except MissingBinaries as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    began = time.monotonic()
+    with cluster:
+        print(f"\nlocal cluster ready in {time.monotonic() - began:.1f}s ({cluster.binaries.k8s_version})\n"
+              f"  export KUBECONFIG={cluster.kubeconfig}\n"
+              f"  kubectl: {cluster.binaries.kubectl}\n"
+              f"  helm:    {cluster.binaries.helm}\n"
+              f"  API server {cluster.server}, admin token in the kubeconfig\n"
+              f"  logs: {cluster.workdir / 'logs'}\n"
+              f"  pids: {json.dumps(cluster.pids())}\n"
+              "Ctrl-C stops it.", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            print("\nstopping...", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
