@@ -1,0 +1,147 @@
+"""The local node runs pods for real: command + env as a host process on its own loopback IP,
+the pod's readiness probe decides Ready, exits show up as the kubelet would report them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.cluster import LOCAL_NODE_NAME, Cluster, local_node_placement
+from tests.e2e.cluster.api import path_for, wait_for
+from tests.e2e.cluster.objects import condition, pod_ready, wait_for_pod, wait_gone
+from tests.e2e.cluster.procs import pid_alive
+
+pytestmark = pytest.mark.e2e
+
+
+def local_pod(name: str, command: list[str], **container: Any) -> dict[str, Any]:
+    """A pod pinned to the local node running ``command``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            **local_node_placement(),
+            "terminationGracePeriodSeconds": 5,
+            "containers": [{"name": "main", "image": "local", "command": command, **container}],
+        },
+    }
+
+
+def http_server_pod(name: str) -> dict[str, Any]:
+    """python's http.server on the wildcard address, with a readiness probe and env from fieldRefs."""
+    return local_pod(
+        name,
+        [sys.executable, "-m", "http.server", "--bind", "0.0.0.0", "$(PORT)"],
+        ports=[{"name": "http", "containerPort": 8080}],
+        env=[
+            {"name": "PORT", "value": "8080"},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        ],
+        readinessProbe={"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1, "failureThreshold": 2},
+    )
+
+
+def container_pid(pod: dict[str, Any]) -> int:
+    """The local node reports containerID local://PID."""
+    return int(pod["status"]["containerStatuses"][0]["containerID"].removeprefix("local://"))
+
+
+def test_local_node_is_ready_without_gpus(k8s_cluster: Cluster) -> None:
+    with k8s_cluster.api() as api:
+        node = api.get(path_for("v1", "nodes", name=LOCAL_NODE_NAME))
+        lease = api.get(path_for("coordination.k8s.io/v1", "leases", "kube-node-lease", LOCAL_NODE_NAME))
+    assert condition(node, "Ready")["status"] == "True"
+    assert "nvidia.com/gpu" not in node["status"]["allocatable"]
+    assert lease["spec"]["holderIdentity"] == LOCAL_NODE_NAME
+
+
+def test_http_server_pod_becomes_ready_and_answers_on_its_pod_ip(k8s_cluster: Cluster, namespace: str) -> None:
+    with k8s_cluster.api() as api:
+        api.create(path_for("v1", "pods", namespace), http_server_pod("web"))
+        pod = wait_for_pod(api, namespace, "web", pod_ready, 30, "Ready")
+        ip = pod["status"]["podIP"]
+        assert pod["spec"]["nodeName"] == LOCAL_NODE_NAME
+        assert ip.startswith("127.") and ip != "127.0.0.1"
+        assert httpx.get(f"http://{ip}:8080/", timeout=5).status_code == 200
+        status = pod["status"]["containerStatuses"][0]
+        assert status["ready"] is True and "running" in status["state"]
+        pid = container_pid(pod)
+        assert pid_alive(pid)
+        # The env was resolved like a kubelet's: fieldRefs and the pod IP are visible to the process.
+        raw = Path(f"/proc/{pid}/environ").read_text()
+        environ = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
+        assert environ["POD_NAME"] == "web" and environ["POD_IP"] == ip
+
+        api.delete(path_for("v1", "pods", namespace, "web"))
+        wait_gone(api, path_for("v1", "pods", namespace, "web"), 20)
+    assert not pid_alive(pid)
+
+
+def test_two_pods_on_the_same_port_get_distinct_ips(k8s_cluster: Cluster, namespace: str) -> None:
+    with k8s_cluster.api() as api:
+        for name in ("web-a", "web-b"):
+            api.create(path_for("v1", "pods", namespace), http_server_pod(name))
+        ips = {wait_for_pod(api, namespace, n, pod_ready, 30, "Ready")["status"]["podIP"] for n in ("web-a", "web-b")}
+    assert len(ips) == 2
+    for ip in ips:
+        assert httpx.get(f"http://{ip}:8080/", timeout=5).status_code == 200
+
+
+def test_failing_readiness_probe_keeps_the_pod_not_ready(k8s_cluster: Cluster, namespace: str) -> None:
+    pod = http_server_pod("not-ready")
+    pod["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] = "/missing"
+    with k8s_cluster.api() as api:
+        api.create(path_for("v1", "pods", namespace), pod)
+        pod = wait_for_pod(api, namespace, "not-ready",
+                           lambda p: p["status"].get("phase") == "Running" and condition(p, "Ready"), 30, "Running")
+        # Two 1 s periods of 404s have passed by now: still Ready=False, the process still running.
+        wait_for(lambda: httpx.get(f"http://{pod['status']['podIP']}:8080/", timeout=2).status_code == 200, 10,
+                 "the server to answer")
+        pod = api.get(path_for("v1", "pods", namespace, "not-ready"))
+    assert condition(pod, "Ready")["status"] == "False"
+    assert pod["status"]["containerStatuses"][0]["ready"] is False
+
+
+def test_exiting_container_crash_loops_with_restart_count(k8s_cluster: Cluster, namespace: str) -> None:
+    with k8s_cluster.api() as api:
+        api.create(path_for("v1", "pods", namespace),
+                   local_pod("crasher", [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"]))
+        pod = wait_for_pod(api, namespace, "crasher",
+                           lambda p: "waiting" in (p["status"].get("containerStatuses") or [{}])[0].get("state", {}),
+                           30, "in back-off")
+    status = pod["status"]["containerStatuses"][0]
+    assert status["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+    assert status["restartCount"] >= 1
+    assert status["lastState"]["terminated"]["exitCode"] == 3
+    assert "boom" in status["lastState"]["terminated"]["message"]
+    assert condition(pod, "Ready")["status"] == "False"
+
+
+def test_exiting_container_with_restart_never_fails_the_pod(k8s_cluster: Cluster, namespace: str) -> None:
+    pod = local_pod("one-shot", [sys.executable, "-c", "raise SystemExit(7)"])
+    pod["spec"]["restartPolicy"] = "Never"
+    with k8s_cluster.api() as api:
+        api.create(path_for("v1", "pods", namespace), pod)
+        pod = wait_for_pod(api, namespace, "one-shot", lambda p: p["status"].get("phase") == "Failed", 30, "Failed")
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 7 and terminated["reason"] == "Error"
+
+
+def test_pod_without_command_reports_a_config_error(k8s_cluster: Cluster, namespace: str) -> None:
+    pod = local_pod("no-command", [])
+    del pod["spec"]["containers"][0]["command"]
+    with k8s_cluster.api() as api:
+        api.create(path_for("v1", "pods", namespace), pod)
+        pod = wait_for_pod(api, namespace, "no-command",
+                           lambda p: "waiting" in (p["status"].get("containerStatuses") or [{}])[0].get("state", {})
+                           and p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"]
+                           != "ContainerCreating", 30, "to report why it cannot start")
+    waiting = pod["status"]["containerStatuses"][0]["state"]["waiting"]
+    assert waiting["reason"] == "CreateContainerConfigError"
+    assert "no command" in waiting["message"]

@@ -1,0 +1,102 @@
+"""Teardown leaves no process behind: after an orderly stop, and after the test runner itself is
+SIGKILLed (where only the reaper can clean up). Each test starts its own small cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.cluster import Cluster, ClusterOptions, load_binaries
+from tests.e2e.cluster.procs import pid_alive
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Runs in a child interpreter: a cluster with one real pod on the local node, then print the PIDs
+# and wait to be killed.
+_CHILD = textwrap.dedent("""
+    import json, sys, time
+    from tests.e2e.cluster import Cluster, ClusterOptions, local_node_placement
+    from tests.e2e.cluster.api import path_for
+    from tests.e2e.cluster.objects import pod_ready, wait_for_pod
+    cluster = Cluster(options=ClusterOptions(fake_gpu_nodes=())).start()
+    pod = {"metadata": {"name": "sleeper"}, "spec": {**local_node_placement(), "containers": [
+        {"name": "main", "image": "local", "command": [sys.executable, "-c", "import time; time.sleep(600)"]}]}}
+    with cluster.api() as api:
+        api.create(path_for("v1", "pods", "default"), pod)
+        pod = wait_for_pod(api, "default", "sleeper", pod_ready, 30, "Ready")
+    pids = cluster.pids()
+    pids["pod"] = int(pod["status"]["containerStatuses"][0]["containerID"].removeprefix("local://"))
+    print(json.dumps({"pids": pids, "workdir": str(cluster.workdir)}), flush=True)
+    time.sleep(600)
+""")
+
+
+def _wait_all_gone(pids: dict[str, int], timeout: float) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    alive = dict(pids)
+    while alive and time.monotonic() < deadline:
+        alive = {name: pid for name, pid in alive.items() if pid_alive(pid)}
+        time.sleep(0.1)
+    return alive
+
+
+def test_stop_leaves_no_process_and_no_temp_dir() -> None:
+    cluster = Cluster(load_binaries(), ClusterOptions(fake_gpu_nodes=(), local_node=False)).start()
+    pids = cluster.pids()
+    assert set(pids) >= {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "reaper"}
+    assert all(pid_alive(pid) for pid in pids.values())
+    cluster.stop()
+    assert _wait_all_gone(pids, 5) == {}
+    assert not cluster.workdir.exists()
+
+
+def test_sigkilled_test_runner_leaves_no_process_behind() -> None:
+    load_binaries()  # fail with the build command, not with a child's traceback
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-c", _CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd=REPO, env=env)
+    try:
+        line = child.stdout.readline()
+        assert line, f"child cluster did not start:\n{child.stderr.read()}"
+        info = json.loads(line)
+    finally:
+        child.send_signal(signal.SIGKILL)  # no finally, no atexit: only the reaper is left to clean up
+        child.wait()
+        child.stdout.close()
+        child.stderr.close()
+    pids = info["pids"]
+    assert set(pids) >= {"etcd", "kube-apiserver", "kwok", "reaper", "pod"}
+    assert _wait_all_gone(pids, 15) == {}
+    # The reaper kills processes; the temp dir stays (nothing ran to remove it). Clean it up here.
+    subprocess.run(["rm", "-rf", info["workdir"]], check=True)
+
+
+def test_interrupted_make_cluster_stops_cleanly() -> None:
+    """``python -m tests.e2e.cluster`` (make cluster): SIGINT (Ctrl-C) stops everything in order."""
+    load_binaries()
+    proc = subprocess.Popen([sys.executable, "-m", "tests.e2e.cluster", "--no-local-node"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "Ctrl-C stops it" in line:
+            break
+    kubeconfig = next((ln.split("KUBECONFIG=", 1)[1].strip() for ln in lines if "KUBECONFIG=" in ln), None)
+    pids = next((json.loads(ln.split("pids:", 1)[1]) for ln in lines if "pids:" in ln), None)
+    assert kubeconfig is not None and pids, "".join(lines)
+    assert all(pid_alive(pid) for pid in pids.values())
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 0, "".join(lines) + rest
+    assert _wait_all_gone(pids, 5) == {}
+    assert not Path(kubeconfig).exists()
