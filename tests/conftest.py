@@ -1,0 +1,35 @@
+"""Fixtures shared by every test tier: tiny random-weight checkpoints, built once per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+# No model hub is reachable from these machines: anything that tries it should fail at once,
+# not hang on a connect timeout. Set before any test imports transformers/huggingface_hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``tiny_model(arch, preset="tiny")`` -> that checkpoint's directory (built on first use).
+
+    ``preset="moderate"`` gives the benchmark sizes (slower forwards, e.g. to hold a batch busy).
+    Shared by the session: tests that need to damage a checkpoint must copy it first.
+    """
+    root = tmp_path_factory.mktemp("tiny-models")
+
+    def build(arch: str, preset: str = "tiny") -> Path:
+        out = root / preset / arch
+        # config.json is written last, so its presence means the checkpoint is complete.
+        if not (out / "config.json").is_file():
+            # Imported here: torch/transformers load only for the tests that build models.
+            from encoder_pod.models.registry import make_tiny_model
+
+            make_tiny_model(arch, out, preset)
+        return out
+
+    return build
