@@ -87,6 +87,20 @@ class EncoderSettings(BaseSettings):
     dp_worker_max_inflight: int = _env(
         "dp_worker_max_inflight", 64, "Most requests one data-parallel worker holds.", ge=1, le=100_000
     )
+    dp_restart_backoff: float = _env(
+        "dp_restart_backoff",
+        1.0,
+        "Seconds before a dead data-parallel worker is restarted; doubles per quick death, capped at 30.",
+        gt=0,
+        le=600,
+    )
+    dp_max_failed_starts: int = _env(
+        "dp_max_failed_starts",
+        5,
+        "Consecutive starts of a worker that never got ready before its rank is given up.",
+        ge=1,
+        le=1000,
+    )
     max_request_bytes: int = _env(
         "max_request_bytes", 64 * 1024 * 1024, "Largest /encode body in bytes; 413 beyond.", ge=1024
     )
@@ -118,6 +132,24 @@ class EncoderSettings(BaseSettings):
     )
     send_timeout: float = _env(
         "send_timeout", 180.0, "Seconds a push to prefill may take before it fails.", gt=0, le=86_400
+    )
+    wire_format: Literal["encoderpool", "sglang=0.5.23"] = _env(
+        "wire_format",
+        "encoderpool",
+        "Frames pushed to prefill: encoderpool (msgpack header, no pickle) or sglang=<release> (opt-in pickle).",
+    )
+    transfer_max_sockets: int = _env(
+        "transfer_max_sockets",
+        256,
+        "Most pooled PUSH sockets (one per prefill destination); the least recently used idle one closes beyond.",
+        ge=1,
+        le=65_536,
+    )
+    transfer_socket_idle_s: float = _env(
+        "transfer_socket_idle_s", 300.0, "Seconds an unused pooled PUSH socket stays open.", gt=0, le=86_400
+    )
+    transfer_linger_s: float = _env(
+        "transfer_linger_s", 2.0, "Seconds a closing PUSH socket may keep flushing queued frames.", ge=0, le=600
     )
 
     # --- video ---

@@ -21,23 +21,34 @@ class TransferRouter:
     def __init__(self, settings: EncoderSettings) -> None:
         self._settings = settings
         self._inline = InlineTransfer()
-        self._configured: Transfer | None = self._inline if settings.encoder_transfer_backend is TransferBackend.INLINE else None
+        self._configured: Transfer = self._inline
+        if settings.encoder_transfer_backend is not TransferBackend.INLINE:
+            # Imported here: an inline-only pod never loads the ZMQ machinery.
+            from encoder_pod.transfer.zmq_push import ZmqTransfer
+
+            self._configured = ZmqTransfer(settings, settings.encoder_transfer_backend)
+
+    @property
+    def configured(self) -> Transfer:
+        """The ENCODER_TRANSFER_BACKEND instance (inline when that is the setting)."""
+        return self._configured
 
     def for_request(self, request: EncodeRequest) -> Transfer:
-        """The backend that delivers this request's embedding."""
+        """The backend that delivers this request's embedding; rejects ports that do not fit it."""
         if request.prefill_host is None or self._configured is self._inline:
             return self._inline
-        if self._configured is None:
-            raise InvalidRequest(
-                f"transfer backend {self._settings.encoder_transfer_backend.value} is not available in this build"
-            )
+        check = getattr(self._configured, "check", None)
+        if check is not None:
+            check(request)
         return self._configured
 
     async def register_receive_url(self, payload: dict[str, Any]) -> None:
         """Forward a receive-URL registration to the configured backend."""
-        await (self._configured or self._inline).register_receive_url(payload)
+        if self._configured is self._inline:
+            raise InvalidRequest("/scheduler_receive_url needs ENCODER_TRANSFER_BACKEND=zmq_to_scheduler (this pod is inline)")
+        await self._configured.register_receive_url(payload)
 
     async def close(self) -> None:
         """Close every backend."""
-        if self._configured is not None and self._configured is not self._inline:
+        if self._configured is not self._inline:
             await self._configured.close()

@@ -1,0 +1,268 @@
+"""Receiving embeddings on a prefill server: a PULL socket, sync and async.
+
+Both classes bind one PULL socket that every encoder pushes to, feed each message to an
+:class:`~encoder_pod.receiver.assembly.Assembler`, and hand results out by request id. A bad
+message never stops the receiving loop: it fails its own request (or is counted as rejected).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable
+
+import zmq
+import zmq.asyncio
+
+from encoder_pod.receiver.assembly import Assembler, Completed, Failed, Outcome, ReceivedEmbedding, Rejected
+from encoder_pod.receiver.errors import ReceiverClosed, ReceiverError, WaitTimeout
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
+
+
+class _Inbox:
+    """Outcomes nobody claimed yet, by request id; bounded and expired like pending requests."""
+
+    def __init__(self, expire_after: float, max_items: int) -> None:
+        self._items: dict[str, tuple[float, Completed | Failed]] = {}
+        self._expire_after = expire_after
+        self._max_items = max_items
+
+    def put(self, outcome: Completed | Failed, now: float) -> None:
+        if len(self._items) >= self._max_items:
+            oldest = min(self._items, key=lambda k: self._items[k][0])
+            log.warning("dropping unclaimed result of request %r (inbox full)", oldest)
+            del self._items[oldest]
+        self._items[outcome.request_id] = (now, outcome)
+
+    def take(self, request_id: str) -> Completed | Failed | None:
+        item = self._items.pop(request_id, None)
+        return item[1] if item else None
+
+    def expire(self, now: float) -> None:
+        for request_id, (at, _) in list(self._items.items()):
+            if now - at >= self._expire_after:
+                log.warning("dropping result of request %r: nobody claimed it in %gs", request_id, self._expire_after)
+                del self._items[request_id]
+
+
+def _unwrap(outcome: Completed | Failed) -> ReceivedEmbedding:
+    if isinstance(outcome, Failed):
+        raise outcome.error
+    return outcome.result
+
+
+def _configure(sock: zmq.Socket, host: str, port: int, max_message_bytes: int) -> int:
+    # A message over this size makes ZMQ drop the sender's connection: memory stays bounded.
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    sock.setsockopt(zmq.LINGER, 0)
+    if port == 0:
+        return sock.bind_to_random_port(f"tcp://{host}")
+    sock.bind(f"tcp://{host}:{port}")
+    return port
+
+
+class _Base:
+    """What both receivers share: the assembler, the inbox and counters."""
+
+    def __init__(self, expire_after: float, max_pending: int, on_rejected: Callable[[ReceiverError], None] | None) -> None:
+        self._assembler = Assembler(expire_after=expire_after, max_pending=max_pending)
+        self._inbox = _Inbox(expire_after, max_pending)
+        self._on_rejected = on_rejected
+        self.rejected = 0
+        """Messages that named no usable request (garbage, truncated headers)."""
+
+    def _accept(self, frames: list[Any], now: float) -> list[Outcome]:
+        try:
+            outcome = self._assembler.feed(frames, now)
+        except Exception as exc:  # noqa: BLE001 - the receive loop must outlive any one message
+            log.exception("unexpected error decoding a message; dropped")
+            outcome = Rejected(ReceiverError(f"unexpected {type(exc).__name__}: {exc}"))  # type: ignore[arg-type]
+        outcomes: list[Outcome] = [] if outcome is None else [outcome]
+        outcomes.extend(self._assembler.expire(now))
+        self._inbox.expire(now)
+        for item in outcomes:
+            if isinstance(item, Rejected):
+                self.rejected += 1
+                log.warning("rejected a message: %s", item.error.message)
+                if self._on_rejected is not None:
+                    self._on_rejected(item.error)
+        return outcomes
+
+
+class EmbeddingReceiver(_Base):
+    """Blocking receiver, for a scheduler loop that polls (``poll``) or a caller that waits (``wait``).
+
+    Use ``poll`` and ``wait`` from one thread. ``poll`` hands out every outcome it sees;
+    ``wait(request_id)`` keeps outcomes of other requests for their own ``wait`` calls.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        expire_after: float = 180.0,
+        max_pending: int = 1024,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        on_rejected: Callable[[ReceiverError], None] | None = None,
+    ) -> None:
+        super().__init__(expire_after, max_pending, on_rejected)
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.PULL)
+        try:
+            self.port = _configure(self._sock, host, port, max_message_bytes)
+        except zmq.ZMQError:
+            self.close()
+            raise
+        self.host = host
+
+    def poll(self, timeout: float | None = 0.0) -> list[Outcome]:
+        """Wait up to ``timeout`` seconds (None: forever) for a message, then drain what is queued."""
+        outcomes: list[Outcome] = []
+        wait_ms = None if timeout is None else max(int(timeout * 1000), 0)
+        if self._sock.poll(wait_ms, zmq.POLLIN):
+            while True:
+                try:
+                    frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                outcomes.extend(self._accept(frames, time.monotonic()))
+        else:
+            outcomes.extend(self._assembler.expire(time.monotonic()))
+        return outcomes
+
+    def wait(self, request_id: str, timeout: float | None = None) -> ReceivedEmbedding:
+        """The merged embedding of ``request_id``; raises the request's typed error or :class:`WaitTimeout`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            found = self._inbox.take(request_id)
+            if found is not None:
+                return _unwrap(found)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise WaitTimeout(f"request {request_id!r} not complete within {timeout}s", req_id=request_id)
+            step = 1.0 if left is None else min(left, 1.0)
+            for outcome in self.poll(step):
+                if not isinstance(outcome, Rejected):
+                    self._inbox.put(outcome, time.monotonic())
+
+    def close(self) -> None:
+        """Close the socket and its context."""
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+    def __enter__(self) -> "EmbeddingReceiver":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncEmbeddingReceiver(_Base):
+    """asyncio receiver: one reader task owns the socket; ``await wait(request_id)`` from anywhere on the loop."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        expire_after: float = 180.0,
+        max_pending: int = 1024,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        on_rejected: Callable[[ReceiverError], None] | None = None,
+    ) -> None:
+        super().__init__(expire_after, max_pending, on_rejected)
+        self._ctx = zmq.asyncio.Context()
+        self._sock = self._ctx.socket(zmq.PULL)
+        try:
+            self.port = _configure(self._sock, host, port, max_message_bytes)
+        except zmq.ZMQError:
+            self._sock.close(linger=0)
+            self._ctx.term()
+            raise
+        self.host = host
+        self._waiters: dict[str, asyncio.Future[ReceivedEmbedding]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def start(self) -> None:
+        """Start the reader task on the running loop (``async with`` does it)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._read_loop(), name="embedding-receiver")
+
+    async def _read_loop(self) -> None:
+        while True:
+            next_expiry = self._assembler.next_expiry()
+            wait_ms = 1000 if next_expiry is None else max(0, min(1000, int((next_expiry - time.monotonic()) * 1000) + 1))
+            try:
+                ready = await self._sock.poll(wait_ms, zmq.POLLIN)
+                outcomes: list[Outcome] = []
+                if ready:
+                    frames = await self._sock.recv_multipart(copy=False)
+                    outcomes = self._accept(frames, time.monotonic())
+                else:
+                    outcomes = list(self._assembler.expire(time.monotonic()))
+                    self._inbox.expire(time.monotonic())
+                self._dispatch(outcomes)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - never let one bad turn kill the receiver
+                log.exception("embedding receiver loop error; continuing")
+                await asyncio.sleep(0.01)
+
+    def _dispatch(self, outcomes: list[Outcome]) -> None:
+        for outcome in outcomes:
+            if isinstance(outcome, Rejected):
+                continue
+            waiter = self._waiters.pop(outcome.request_id, None)
+            if waiter is None or waiter.done():
+                self._inbox.put(outcome, time.monotonic())
+            elif isinstance(outcome, Failed):
+                waiter.set_exception(outcome.error)
+            else:
+                waiter.set_result(outcome.result)
+
+    async def wait(self, request_id: str, timeout: float | None = None) -> ReceivedEmbedding:
+        """The merged embedding of ``request_id``; raises the request's typed error or :class:`WaitTimeout`."""
+        if self._closed:
+            raise ReceiverClosed("receiver is closed", req_id=request_id)
+        self.start()
+        found = self._inbox.take(request_id)
+        if found is not None:
+            return _unwrap(found)
+        waiter = self._waiters.get(request_id)
+        if waiter is None:
+            waiter = self._waiters[request_id] = asyncio.get_running_loop().create_future()
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiter), timeout)
+        except TimeoutError:
+            raise WaitTimeout(f"request {request_id!r} not complete within {timeout}s", req_id=request_id) from None
+        finally:
+            # A timed-out or cancelled caller leaves no waiter behind: a later outcome goes to the inbox.
+            if not waiter.done() and self._waiters.get(request_id) is waiter:
+                del self._waiters[request_id]
+
+    async def close(self) -> None:
+        """Stop the reader, fail every waiter with :class:`ReceiverClosed`, close the socket."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for request_id, waiter in self._waiters.items():
+            if not waiter.done():
+                waiter.set_exception(ReceiverClosed("receiver closed while waiting", req_id=request_id))
+                waiter.exception()  # retrieved: nobody else may be awaiting the shielded future
+        self._waiters.clear()
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+    async def __aenter__(self) -> "AsyncEmbeddingReceiver":
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
