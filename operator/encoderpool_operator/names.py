@@ -1,0 +1,89 @@
+"""Names the operator, the CRD, the chart and the tests agree on.
+
+The API names mirror ``crds/encoderpools.encoderpool.io.yaml`` (a unit test checks they match).
+Children share the pool's name so a person finds them with ``kubectl get sts,svc,pdb <pool>``.
+"""
+
+from __future__ import annotations
+
+GROUP = "encoderpool.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "EncoderPool"
+PLURAL = "encoderpools"
+SHORT_NAME = "encpool"
+
+OPERATOR_NAME = "encoderpool-operator"
+CONTAINER_NAME = "encoder"
+PORT_NAME = "http"
+
+# Labels. The selector uses only our own domain label: app.kubernetes.io/instance is shared with
+# Helm releases and other tools, and a selector must never match someone else's pods.
+POOL_LABEL = f"{GROUP}/pool"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+NAME_LABEL = "app.kubernetes.io/name"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+RESERVED_LABELS = (POOL_LABEL, MANAGED_BY_LABEL, NAME_LABEL, INSTANCE_LABEL, COMPONENT_LABEL)
+
+# Set by the StatefulSet controller on every pod it creates: which template revision the pod runs.
+REVISION_LABEL = "controller-revision-hash"
+
+# The encoder settings the operator renders from the spec. spec.env may not set them (the CRD and
+# spec.py refuse it): a second source for the same setting would silently override the spec.
+MANAGED_ENV = (
+    "ENCODER_MODEL_PATH",
+    "ENCODER_HOST",
+    "ENCODER_PORT",
+    "ENCODER_DEVICE",
+    "ENCODER_DP_SIZE",
+    "ENCODER_TP_SIZE",
+    "ENCODER_MAX_BATCH_SIZE",
+    "ENCODER_MAX_WAIT_MS",
+    "ENCODER_MAX_BATCH_TOKENS",
+    "ENCODER_REQ_TIMEOUT",
+    "ENCODER_MAX_QUEUE",
+    "ENCODER_DP_WORKER_MAX_INFLIGHT",
+    "ENCODER_MM_LOAD_WORKERS",
+    "ENCODER_IMAGE_PROCESSOR_USE_GPU",
+    "ENCODER_ENCODER_TRANSFER_BACKEND",
+    "ENCODER_SEND_TIMEOUT",
+)
+
+SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
+DEFAULT_CONTAINER_ANNOTATION = "kubectl.kubernetes.io/default-container"
+
+# The StatefulSet controller labels each pod "<sts>-<10-char hash>" (controller-revision-hash);
+# a label value holds at most 63 characters, so the pool name may use 63 - 11 = 52.
+MAX_POOL_NAME = 52
+
+
+def child_name(pool_name: str) -> str:
+    """Name of the StatefulSet, the headless Service and the PodDisruptionBudget of a pool."""
+    return pool_name
+
+
+def selector_labels(pool_name: str) -> dict[str, str]:
+    """The immutable label selector of a pool's pods (also its scale subresource selector)."""
+    return {POOL_LABEL: pool_name}
+
+
+def selector_string(pool_name: str) -> str:
+    """The selector as the string the scale subresource (HPA, kubectl scale) expects."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(pool_name).items()))
+
+
+def common_labels(pool_name: str) -> dict[str, str]:
+    """Labels on every child and pod; the operator watches children by the managed-by label."""
+    return {
+        NAME_LABEL: "encoder-pod",
+        INSTANCE_LABEL: pool_name,
+        COMPONENT_LABEL: "encoder",
+        MANAGED_BY_LABEL: OPERATOR_NAME,
+        **selector_labels(pool_name),
+    }
+
+
+def pod_dns_name(pod_name: str, pool_name: str, namespace: str) -> str:
+    """DNS name of a ready pod through the pool's headless Service."""
+    return f"{pod_name}.{child_name(pool_name)}.{namespace}.svc"

@@ -1,0 +1,111 @@
+"""The operator's settings: one pydantic-settings class, parsed once at start.
+
+Every field is an env var ``ENCODERPOOL_OPERATOR_<NAME>`` and a CLI flag ``--<name-with-dashes>``
+of ``encoderpool-operator``; the flag wins.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+ENV_PREFIX = "ENCODERPOOL_OPERATOR_"
+
+
+class OperatorSettings(BaseSettings):
+    """Effective configuration of the operator process."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, case_sensitive=False, extra="ignore", env_ignore_empty=True, frozen=True
+    )
+
+    namespaces: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Namespaces to watch, comma separated; empty = all namespaces (cluster-wide).",
+    )
+    resync_seconds: float = Field(
+        60.0,
+        ge=5,
+        le=3600,
+        description="Every pool is reconciled at least this often, so status converges after a lost watch event.",
+    )
+    default_image: str = Field(
+        "encoderpool/encoder-pod:0.1.0-cuda",
+        min_length=1,
+        description="Encoder image for GPU pools without spec.image (the CUDA build).",
+    )
+    default_cpu_image: str = Field(
+        "encoderpool/encoder-pod:0.1.0-cpu",
+        min_length=1,
+        description="Encoder image for CPU pools (spec.device=cpu) without spec.image.",
+    )
+    field_manager: str = Field(
+        "encoderpool-operator",
+        min_length=1,
+        max_length=128,
+        description="Server-side apply field manager that owns every field the operator writes.",
+    )
+    liveness_port: int = Field(8080, ge=0, le=65535, description="Port of GET /healthz (0 = off).")
+    probe_failing_after_seconds: float = Field(
+        120.0,
+        ge=0,
+        le=86_400,
+        description="A started pod not ready this long is reported as ProbeFailing.",
+    )
+    wait_seconds: float = Field(
+        5.0,
+        gt=0,
+        le=600,
+        description="Retry delay while the StatefulSet controller has not observed our last write.",
+    )
+    request_timeout_seconds: float = Field(
+        30.0, gt=0, le=600, description="Timeout of each request to the API server."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+
+    @field_validator("namespaces", mode="before")
+    @classmethod
+    def _split_namespaces(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [ns.strip() for ns in value.split(",") if ns.strip()]
+        return value
+
+    @property
+    def clusterwide(self) -> bool:
+        """Whether the operator watches every namespace."""
+        return not self.namespaces
+
+
+class SettingsError(SystemExit):
+    """A bad setting: stops the process with a message naming the variable and the bound."""
+
+
+def _describe(err: dict[str, Any]) -> str:
+    name = str(err["loc"][0]) if err.get("loc") else "settings"
+    ctx = err.get("ctx") or {}
+    bounds = ", ".join(f"{k} {v}" for k, v in ctx.items() if k in {"ge", "gt", "le", "lt", "expected"})
+    flag = "--" + name.replace("_", "-")
+    return f"invalid setting {ENV_PREFIX}{name.upper()} / {flag}: {err['msg']}" + (
+        f" (allowed: {bounds})" if bounds else ""
+    )
+
+
+def load_settings(
+    cli: dict[str, Any] | None = None, env: dict[str, str] | None = None
+) -> OperatorSettings:
+    """Parse ``ENCODERPOOL_OPERATOR_*`` env then CLI values on top; exit on a bad value."""
+    environ = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for name in OperatorSettings.model_fields:
+        raw = environ.get(ENV_PREFIX + name.upper())
+        if raw not in (None, ""):
+            values[name] = raw
+    values.update({k: v for k, v in (cli or {}).items() if v is not None and k in OperatorSettings.model_fields})
+    try:
+        # Explicit values only, so the process env is not read a second time behind our back.
+        return OperatorSettings.model_validate(values)
+    except ValidationError as exc:
+        raise SettingsError("\n".join(_describe(e) for e in exc.errors())) from None

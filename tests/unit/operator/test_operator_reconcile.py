@@ -1,0 +1,207 @@
+"""One reconcile, against an in-memory stand-in for the API server.
+
+The stand-in is a mock, allowed here because this tier runs without a control plane; it keeps
+only what reconcile relies on (apply creates or replaces, generation moves with the spec, a
+status subresource, uid preconditions). tests/e2e runs the same reconcile against a real
+kube-apiserver, StatefulSet controller and scheduler.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import pytest
+
+from encoderpool_operator import errors
+from encoderpool_operator.reconcile import reconcile
+from encoderpool_operator.settings import OperatorSettings
+from encoderpool_operator.status import Event
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+Key = tuple[str, str, str]
+
+
+class FakeApi:
+    """Objects by (kind, namespace, name), with a log of every write."""
+
+    def __init__(self) -> None:
+        self.objects: dict[Key, dict[str, Any]] = {}
+        self.writes: list[tuple[str, str, str]] = []
+        self.events: list[Event] = []
+        self.pods: list[dict[str, Any]] = []
+        self.reject: set[str] = set()
+        self._uids = itertools.count(100)
+
+    def add(self, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        self.objects[(obj["kind"], meta["namespace"], meta["name"])] = copy.deepcopy(obj)
+
+    def get_pool(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.get("EncoderPool", namespace, name)
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        found = self.objects.get((kind, namespace, name))
+        return copy.deepcopy(found) if found else None
+
+    def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        kind, meta = manifest["kind"], manifest["metadata"]
+        if kind in self.reject:
+            raise errors.RejectedError(f"{kind} is invalid", status=422, resource=kind)
+        key = (kind, meta["namespace"], meta["name"])
+        old = self.objects.get(key)
+        new = copy.deepcopy(manifest)
+        new["metadata"]["uid"] = old["metadata"]["uid"] if old else f"uid-{next(self._uids)}"
+        generation = old["metadata"]["generation"] if old else 0
+        changed = old is None or old.get("spec") != new.get("spec")
+        new["metadata"]["generation"] = generation + 1 if changed else generation
+        new["status"] = old.get("status", {}) if old else {}
+        self.objects[key] = new
+        if changed:
+            self.writes.append(("apply", kind, meta["name"]))
+        return copy.deepcopy(new)
+
+    def delete(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        obj = self.objects.get((kind, namespace, name))
+        if obj is None:
+            raise errors.NotFoundError("gone", status=404)
+        if obj["metadata"]["uid"] != uid:
+            raise errors.ConflictError("uid precondition failed", status=409)
+        del self.objects[(kind, namespace, name)]
+        self.writes.append(("delete", kind, name))
+
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return copy.deepcopy(self.pods)
+
+    def patch_pool_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        pool = self.objects[("EncoderPool", namespace, name)]
+        merged = {**pool.get("status", {}), **patch["status"]}
+        pool["status"] = {k: v for k, v in merged.items() if v is not None}
+        self.writes.append(("status", "EncoderPool", name))
+        return copy.deepcopy(pool)
+
+    def post_event(self, obj: dict[str, Any], event: Event) -> None:
+        self.events.append(event)
+
+    def controller_observes(self, ready_pods: int = 0, pod: Callable[..., dict[str, Any]] | None = None) -> None:
+        """Play the StatefulSet controller: observe the latest generation, create ready pods."""
+        sts = self.objects[("StatefulSet", "ml", "enc")]
+        sts["status"] = {"observedGeneration": sts["metadata"]["generation"], "updateRevision": "enc-rev2",
+                         "currentRevision": "enc-rev2"}
+        if pod is not None:
+            self.pods = [pod(i) for i in range(ready_pods)]
+
+
+@pytest.fixture
+def api(pool_body: Callable[..., dict[str, Any]]) -> FakeApi:
+    fake = FakeApi()
+    fake.add(pool_body({"model": "/m", "replicas": 2}))
+    return fake
+
+
+def run(api: FakeApi, settings: OperatorSettings) -> Any:
+    return reconcile(api, "ml", "enc", settings, NOW)
+
+
+def test_first_reconcile_creates_children_and_waits_for_the_controller(api: FakeApi, settings: OperatorSettings) -> None:
+    outcome = run(api, settings)
+    assert [w for w in api.writes if w[0] == "apply"] == [
+        ("apply", "Service", "enc"), ("apply", "StatefulSet", "enc"), ("apply", "PodDisruptionBudget", "enc")]
+    assert outcome.waiting and not outcome.failed
+    assert api.objects[("EncoderPool", "ml", "enc")]["status"]["reason"] == "WaitingForStatefulSet"
+    assert [e.reason for e in api.events] == ["WaitingForStatefulSet"]
+
+
+def test_reconcile_is_idempotent(api: FakeApi, settings: OperatorSettings, pod: Callable[..., dict[str, Any]]) -> None:
+    run(api, settings)
+    api.controller_observes(2, pod)
+    outcome = run(api, settings)
+    assert outcome.ready and outcome.status["endpoints"] == ["http://enc-0.enc.ml.svc:30000",
+                                                             "http://enc-1.enc.ml.svc:30000"]
+    api.writes.clear()
+    api.events.clear()
+    again = run(api, settings)
+    assert api.writes == [] and api.events == [], "nothing changed, so nothing is written or posted"
+    assert again.status == outcome.status
+
+
+def test_scaling_to_one_removes_the_pdb(api: FakeApi, settings: OperatorSettings) -> None:
+    run(api, settings)
+    api.objects[("EncoderPool", "ml", "enc")]["spec"]["replicas"] = 1
+    run(api, settings)
+    assert ("PodDisruptionBudget", "ml", "enc") not in api.objects
+    assert ("delete", "PodDisruptionBudget", "enc") in api.writes
+
+
+def test_a_pdb_of_someone_else_is_left_alone(api: FakeApi, settings: OperatorSettings) -> None:
+    api.objects[("EncoderPool", "ml", "enc")]["spec"]["replicas"] = 1
+    api.add({"kind": "PodDisruptionBudget", "metadata": {"name": "enc", "namespace": "ml", "uid": "x",
+                                                         "ownerReferences": [{"controller": True, "uid": "other"}]}})
+    run(api, settings)
+    assert ("PodDisruptionBudget", "ml", "enc") in api.objects
+
+
+def test_drift_is_undone(api: FakeApi, settings: OperatorSettings) -> None:
+    run(api, settings)
+    api.objects[("StatefulSet", "ml", "enc")]["spec"]["replicas"] = 9
+    del api.objects[("Service", "ml", "enc")]
+    run(api, settings)
+    assert api.objects[("StatefulSet", "ml", "enc")]["spec"]["replicas"] == 2
+    assert ("Service", "ml", "enc") in api.objects
+
+
+def test_invalid_spec_is_reported_and_nothing_is_applied(
+    pool_body: Callable[..., dict[str, Any]], settings: OperatorSettings
+) -> None:
+    api = FakeApi()
+    api.add(pool_body({"model": "/m", "parallelism": {"tensor": 8, "data": 8}}, generation=3))
+    outcome = run(api, settings)
+    assert outcome.failed and "must not exceed spec.maxGPUsPerPod" in outcome.failed
+    assert [w[0] for w in api.writes] == ["status"]
+    pool_status = api.objects[("EncoderPool", "ml", "enc")]["status"]
+    assert pool_status["reason"] == "InvalidSpec" and pool_status["observedGeneration"] == 3
+    assert api.events == [Event("Warning", "InvalidSpec", outcome.failed)]
+
+
+def test_a_child_the_api_server_refuses_is_apply_failed(api: FakeApi, settings: OperatorSettings) -> None:
+    api.reject.add("StatefulSet")
+    outcome = run(api, settings)
+    assert outcome.failed and outcome.status["reason"] == "ApplyFailed"
+    assert "StatefulSet is invalid" in outcome.status["message"]
+
+
+def test_a_child_held_by_another_owner_is_a_conflict(api: FakeApi, settings: OperatorSettings) -> None:
+    """The children of a deleted pool of the same name: wait for garbage collection, not InvalidSpec."""
+    api.reject.add("Service")
+    api.add({"kind": "Service", "metadata": {"name": "enc", "namespace": "ml", "uid": "s",
+                                             "ownerReferences": [{"controller": True, "uid": "old-pool"}]}})
+    with pytest.raises(errors.ConflictError, match="controlled by another owner"):
+        run(api, settings)
+
+
+def test_a_missing_or_deleting_pool_is_left_to_garbage_collection(
+    pool_body: Callable[..., dict[str, Any]], settings: OperatorSettings
+) -> None:
+    api = FakeApi()
+    assert run(api, settings).found is False
+    deleting = pool_body({"model": "/m"})
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    api.add(deleting)
+    assert run(api, settings).found is False and api.writes == []
+
+
+def test_status_always_describes_the_latest_generation(api: FakeApi, settings: OperatorSettings,
+                                                       pod: Callable[..., dict[str, Any]]) -> None:
+    run(api, settings)
+    api.controller_observes(2, pod)
+    run(api, settings)
+    pool = api.objects[("EncoderPool", "ml", "enc")]
+    pool["metadata"]["generation"] = 2
+    pool["spec"]["batching"] = {"maxBatchSize": 4}
+    outcome = run(api, settings)
+    assert outcome.status["observedGeneration"] == 2
+    assert outcome.waiting, "the new template is not observed by the StatefulSet controller yet"

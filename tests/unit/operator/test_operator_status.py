@@ -1,0 +1,182 @@
+"""Status as a pure function: observed StatefulSet and pods -> counts, endpoints, conditions, reason."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import pytest
+
+from encoderpool_operator import status
+from encoderpool_operator.spec import Pool
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2026, 1, 1, 0, 10, tzinfo=timezone.utc)  # 10 minutes after the fixtures' timestamps
+PROBE_AFTER = 120.0
+UNSCHEDULABLE_MSG = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available."
+
+
+def crash(exit_code: int, message: str = "", reason: str = "Error", waiting: str = "CrashLoopBackOff") -> dict[str, Any]:
+    return {"ready": False, "started": False, "restartCount": 4,
+            "state": {"waiting": {"reason": waiting, "message": "back-off 5m0s"}},
+            "lastState": {"terminated": {"exitCode": exit_code, "reason": reason, "message": message}}}
+
+
+# name: (replicas, pods as kwargs for the pod fixture, sts kwargs,
+#        expected: reason, Ready, Progressing reason, Degraded reason, ready/updated counts, message part)
+TABLE: dict[str, tuple[int, list[dict[str, Any]], dict[str, Any], tuple[str, bool, str, str, int, int, str]]] = {
+    "all ready": (2, [{}, {}], {}, ("Ready", True, "Complete", "AsExpected", 2, 2, "2/2 pods ready")),
+    "rolling update": (2, [{}, {"revision": "enc-rev1"}], {"update_revision": "enc-rev2", "current_revision": "enc-rev1"},
+                       ("RollingUpdate", False, "RollingUpdate", "AsExpected", 2, 1, "1/2 pods on revision enc-rev2")),
+    "scaling up": (3, [{}], {}, ("Scaling", False, "Scaling", "AsExpected", 1, 1, "1 pods, 3 wanted")),
+    "scaling down": (1, [{}, {}], {}, ("Scaling", False, "Scaling", "AsExpected", 2, 2, "2 pods, 1 wanted")),
+    "loading model": (2, [{}, {"ready": False, "container": {"ready": False, "started": False,
+                                                            "state": {"running": {"startedAt": "2026-01-01T00:09:00Z"}}}}],
+                      {}, ("Starting", False, "Starting", "AsExpected", 1, 2, "loading the model")),
+    "unschedulable": (2, [{}, {"ready": False, "scheduled": False, "unschedulable_message": UNSCHEDULABLE_MSG}], {},
+                      ("Unschedulable", False, "Starting", "Unschedulable", 1, 2, "Insufficient nvidia.com/gpu")),
+    "model load exit code": (1, [{"ready": False, "container": crash(3, "Traceback ...")}], {},
+                             ("ModelLoadFailed", False, "Starting", "ModelLoadFailed", 0, 1, "exit code 3")),
+    "model path missing": (1, [{"ready": False, "container": crash(
+        1, "invalid setting ENCODER_MODEL_PATH / --model-path: no config.json in '/models/x'")}], {},
+        ("ModelLoadFailed", False, "Starting", "ModelLoadFailed", 0, 1, "no config.json")),
+    "crash loop": (1, [{"ready": False, "container": crash(139, "Segmentation fault")}], {},
+                   ("CrashLoop", False, "Starting", "CrashLoop", 0, 1, "last exit code 139")),
+    "out of memory": (1, [{"ready": False, "container": crash(137, reason="OOMKilled")}], {},
+                      ("CrashLoop", False, "Starting", "CrashLoop", 0, 1, "raise spec.resources.limits.memory")),
+    "image pull": (1, [{"ready": False, "container": {"ready": False, "started": False, "state": {"waiting": {
+        "reason": "ImagePullBackOff", "message": "Back-off pulling image \"nope:1\""}}}}], {},
+        ("ImagePullFailed", False, "Starting", "ImagePullFailed", 0, 1, "nope:1")),
+    "missing secret": (1, [{"ready": False, "container": {"ready": False, "started": False, "state": {"waiting": {
+        "reason": "CreateContainerConfigError", "message": "secret \"hf\" not found"}}}}], {},
+        ("ContainerConfigError", False, "Starting", "ContainerConfigError", 0, 1, "secret \"hf\" not found")),
+    "probe failing": (1, [{"ready": False, "ready_since": "2026-01-01T00:05:00Z", "container": {
+        "ready": False, "started": True, "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}}], {},
+        ("ProbeFailing", False, "Starting", "ProbeFailing", 0, 1, "/health_generate")),
+    "probe failing briefly": (1, [{"ready": False, "ready_since": "2026-01-01T00:09:30Z", "container": {
+        "ready": False, "started": True, "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}}], {},
+        ("Starting", False, "Starting", "AsExpected", 0, 1, "loading the model")),
+    "recovered after a model load failure": (1, [{"container": {**crash(3), "ready": True, "started": True,
+        "state": {"running": {"startedAt": "2026-01-01T00:01:00Z"}}}}], {},
+        ("Ready", True, "Complete", "AsExpected", 1, 1, "1/1 pods ready")),
+    "statefulset not observed": (2, [{}, {}], {"generation": 3, "observed": 2},
+                                 ("WaitingForStatefulSet", False, "WaitingForStatefulSet", "AsExpected", 2, 2, "not yet observed")),
+    "scaled to zero": (0, [], {}, ("ScaledToZero", True, "Complete", "AsExpected", 0, 0, "0/0 pods ready")),
+    "terminating pod": (1, [{}, {"deleting": True}], {}, ("Ready", True, "Complete", "AsExpected", 1, 1, "1/1")),
+    "worst problem wins": (3, [{"ready": False, "container": crash(139)},
+                               {"ready": False, "scheduled": False, "unschedulable_message": UNSCHEDULABLE_MSG}, {}], {},
+                           ("Unschedulable", False, "Starting", "Unschedulable", 1, 3, "1 of 3 pods; enc-1")),
+}
+
+
+@pytest.mark.parametrize("case", list(TABLE))
+def test_status_table(case: str, make_pool: Callable[..., Pool], pod: Callable[..., dict[str, Any]],
+                      statefulset: Callable[..., dict[str, Any]]) -> None:
+    replicas, pods, sts_kwargs, expected = TABLE[case]
+    reason, ready, progressing, degraded, ready_count, updated, message = expected
+    pool = make_pool({"model": "/m", "replicas": replicas}, generation=4)
+    out = status.compute_status(pool, statefulset(**sts_kwargs), [pod(i, **kw) for i, kw in enumerate(pods)],
+                                NOW, PROBE_AFTER)
+    conditions = {c["type"]: c for c in out["conditions"]}
+    assert out["reason"] == reason
+    assert conditions["Ready"]["status"] == ("True" if ready else "False")
+    assert conditions["Progressing"]["reason"] == progressing
+    assert conditions["Progressing"]["status"] == ("False" if progressing == "Complete" else "True")
+    assert conditions["Degraded"]["reason"] == degraded
+    assert conditions["Degraded"]["status"] == ("False" if degraded == "AsExpected" else "True")
+    assert (out["readyReplicas"], out["updatedReplicas"]) == (ready_count, updated)
+    assert message in out["message"]
+    assert out["observedGeneration"] == 4 and all(c["observedGeneration"] == 4 for c in out["conditions"])
+    assert out["readyText"] == f"{ready_count}/{replicas}"
+
+
+def test_endpoints_are_the_ready_pods_dns_names_in_ordinal_order(
+    make_pool: Callable[..., Pool], pod: Callable[..., dict[str, Any]], statefulset: Callable[..., dict[str, Any]]
+) -> None:
+    pool = make_pool({"model": "/m", "replicas": 11, "port": 31000})
+    pods = [pod(i, ready=i != 2) for i in (10, 2, 0, 1)]
+    out = status.compute_status(pool, statefulset(), pods, NOW, PROBE_AFTER)
+    assert out["endpoints"] == [f"http://enc-{i}.enc.ml.svc:31000" for i in (0, 1, 10)]
+    assert out["selector"] == "encoderpool.io/pool=enc" and out["replicas"] == 4
+
+
+def test_old_revision_pods_keep_serving_during_a_rollout(
+    make_pool: Callable[..., Pool], pod: Callable[..., dict[str, Any]], statefulset: Callable[..., dict[str, Any]]
+) -> None:
+    pool = make_pool({"model": "/m", "replicas": 2})
+    out = status.compute_status(pool, statefulset(), [pod(0, revision="enc-rev1"), pod(1)], NOW, PROBE_AFTER)
+    assert len(out["endpoints"]) == 2 and out["reason"] == "RollingUpdate"
+
+
+def test_missing_statefulset(make_pool: Callable[..., Pool]) -> None:
+    out = status.compute_status(make_pool({"model": "/m"}), None, [], NOW, PROBE_AFTER)
+    assert out["reason"] == "WaitingForStatefulSet" and out["replicas"] == 0
+
+
+def test_last_transition_time_moves_only_when_status_flips(
+    make_pool: Callable[..., Pool], pod: Callable[..., dict[str, Any]], statefulset: Callable[..., dict[str, Any]]
+) -> None:
+    loading = {"ready": False, "container": {"ready": False, "started": False,
+                                             "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}}
+    first = status.compute_status(make_pool({"model": "/m"}), statefulset(), [pod(0, **loading)], NOW, PROBE_AFTER)
+    later = datetime(2026, 1, 1, 1, 0, tzinfo=timezone.utc)
+    same = status.compute_status(make_pool({"model": "/m"}, status=first), statefulset(), [pod(0, **loading)],
+                                 later, PROBE_AFTER)
+    assert same == first, "an unchanged pool must produce an identical status (no write)"
+    flipped = status.compute_status(make_pool({"model": "/m"}, status=first), statefulset(), [pod(0)], later, PROBE_AFTER)
+    times = {c["type"]: c["lastTransitionTime"] for c in flipped["conditions"]}
+    assert times["Ready"] == "2026-01-01T01:00:00Z"
+    assert times["Degraded"] == "2026-01-01T00:10:00Z"
+
+
+def test_merge_patch() -> None:
+    assert status.merge_patch({"a": 1}, {"a": 1}) is None
+    assert status.merge_patch({"a": 1, "old": 2}, {"a": 3}) == {"status": {"old": None, "a": 3}}
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "events"),
+    [
+        ({}, {"reason": "Starting", "message": "m"}, [status.Event("Normal", "Starting", "m")]),
+        ({"reason": "Starting"}, {"reason": "Ready", "message": "2/2"}, [status.Event("Normal", "Ready", "2/2")]),
+        ({"reason": "Ready"}, {"reason": "Unschedulable", "message": "q"}, [status.Event("Warning", "Unschedulable", "q")]),
+        ({"reason": "Ready"}, {"reason": "InvalidSpec", "message": "x"}, [status.Event("Warning", "InvalidSpec", "x")]),
+        ({"reason": "Ready", "message": "a"}, {"reason": "Ready", "message": "b"}, []),
+    ],
+)
+def test_events_on_transitions_only(before: dict[str, Any], after: dict[str, Any], events: list[status.Event]) -> None:
+    assert status.transitions(before, after) == events
+
+
+def test_failed_status_keeps_the_last_observation() -> None:
+    previous = {"replicas": 2, "readyReplicas": 2, "endpoints": ["http://a"], "reason": "Ready"}
+    out = status.failed_status(previous, 5, "InvalidSpec", "spec.port: too small", NOW)
+    assert out["endpoints"] == ["http://a"] and out["readyReplicas"] == 2 and out["observedGeneration"] == 5
+    conditions = {c["type"]: c for c in out["conditions"]}
+    assert conditions["Degraded"]["status"] == "True" and conditions["Degraded"]["reason"] == "InvalidSpec"
+    assert conditions["Ready"]["message"] == "spec.port: too small"
+
+
+def test_every_status_field_is_in_the_crd(
+    openapi: dict[str, Any], make_pool: Callable[..., Pool], pod: Callable[..., dict[str, Any]],
+    statefulset: Callable[..., dict[str, Any]]
+) -> None:
+    """A field missing from the CRD's status schema would be pruned by the API server."""
+    schema = openapi["properties"]["status"]["properties"]
+    out = status.compute_status(make_pool({"model": "/m"}), statefulset(), [pod(0)], NOW, PROBE_AFTER)
+    assert set(out) <= set(schema)
+    for cond in out["conditions"]:
+        assert set(cond) <= set(schema["conditions"]["items"]["properties"])
+
+
+def test_status_messages_do_not_change_with_time(
+    make_pool: Callable[..., Pool], pod: Callable[..., dict[str, Any]], statefulset: Callable[..., dict[str, Any]]
+) -> None:
+    """A clock in a message would rewrite status (and post nothing useful) on every resync."""
+    failing = {"ready": False, "ready_since": "2026-01-01T00:00:00Z",
+               "container": {"ready": False, "started": True, "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}}
+    pool = make_pool({"model": "/m"})
+    a = status.compute_status(pool, statefulset(), [pod(0, **failing)], NOW, PROBE_AFTER)
+    b = status.compute_status(pool, statefulset(), [pod(0, **failing)], datetime(2026, 1, 2, tzinfo=timezone.utc), PROBE_AFTER)
+    assert a["message"] == b["message"] and a["reason"] == "ProbeFailing"
