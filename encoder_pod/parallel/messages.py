@@ -1,0 +1,236 @@
+"""The typed messages between the data-parallel front and its workers.
+
+A message is a ZMQ multipart: frame 0 is a msgpack map ``{"v": WIRE_VERSION, "k": kind, ...fields}``
+of one of the structs below; any further frames are raw bytes (the inline embedding, base64 text,
+travels as frame 1 so msgpack never copies it into a map). Nothing here is pickled: both ends
+only ever build the struct named by the kind, so a bad frame is a :class:`ProtocolError`, never
+code execution.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum, IntEnum
+from typing import Any, ClassVar, Sequence
+
+import msgpack
+
+from encoder_pod.errors import EncoderError, ErrorKind, InternalError
+from encoder_pod.modality import Modality
+from encoder_pod.protocol import EncodeRequest, ItemSpec
+
+WIRE_VERSION = 1
+"""Bumped on any change of a struct; both ends are one install, so a mismatch is a bug."""
+
+
+class ProtocolError(InternalError):
+    """A frame that is not a message of this version (500 if it ever reaches a caller)."""
+
+
+class MsgKind(IntEnum):
+    """Every message kind; front -> worker below 20, worker -> front from 20."""
+
+    ENCODE = 1
+    CANCEL = 2
+    CALL = 3
+    DRAIN = 4
+    STOP = 5
+    STATUS = 20
+    RESULT = 21
+    ERROR = 22
+
+
+class ControlOp(str, Enum):
+    """What a :class:`Call` asks a worker to do (fanned out to every rank by the front)."""
+
+    HEALTH = "health"
+    START_PROFILE = "start_profile"
+    STOP_PROFILE = "stop_profile"
+    RECEIVE_URL = "receive_url"
+
+
+class WorkerState(str, Enum):
+    """A worker's own view of itself, reported in :class:`Status`."""
+
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+    STOPPING = "stopping"
+
+
+@dataclass(frozen=True)
+class Encode:
+    """Front -> worker: run one validated /encode request (``request`` from :func:`request_to_wire`)."""
+
+    KIND: ClassVar[MsgKind] = MsgKind.ENCODE
+    call_id: int
+    request: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Front -> worker: the caller of ``call_id`` is gone or timed out; drop its work."""
+
+    KIND: ClassVar[MsgKind] = MsgKind.CANCEL
+    call_id: int
+
+
+@dataclass(frozen=True)
+class Call:
+    """Front -> worker: a control operation answered by a :class:`Result` or :class:`Error`."""
+
+    KIND: ClassVar[MsgKind] = MsgKind.CALL
+    _ENUMS: ClassVar[dict[str, type[Enum]]] = {"op": ControlOp}
+    call_id: int
+    op: ControlOp
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Front -> worker: stop admitting and answer every request that has not started (503)."""
+
+    KIND: ClassVar[MsgKind] = MsgKind.DRAIN
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Front -> worker: finish started batches within ``grace_s``, then exit."""
+
+    KIND: ClassVar[MsgKind] = MsgKind.STOP
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class Status:
+    """Worker -> front: a heartbeat with the worker's state, load progress, info and metrics."""
+
+    KIND: ClassVar[MsgKind] = MsgKind.STATUS
+    _ENUMS: ClassVar[dict[str, type[Enum]]] = {"state": WorkerState}
+    rank: int
+    generation: int
+    pid: int
+    state: WorkerState
+    phase: str
+    elapsed_s: float
+    error: str | None = None
+    info: dict[str, Any] | None = None
+    metrics: bytes | None = None
+
+
+@dataclass(frozen=True)
+class Result:
+    """Worker -> front: the answer to ``call_id``; ``framed`` when the embedding text is frame 1."""
+
+    KIND: ClassVar[MsgKind] = MsgKind.RESULT
+    rank: int
+    generation: int
+    call_id: int
+    body: Any
+    framed: bool = False
+
+
+@dataclass(frozen=True)
+class Error:
+    """Worker -> front: ``call_id`` failed; the kind and HTTP code survive the process boundary."""
+
+    KIND: ClassVar[MsgKind] = MsgKind.ERROR
+    _ENUMS: ClassVar[dict[str, type[Enum]]] = {"kind": ErrorKind}
+    rank: int
+    generation: int
+    call_id: int
+    kind: ErrorKind
+    http_status: int
+    message: str
+    req_id: str | None = None
+
+    @classmethod
+    def of(cls, rank: int, generation: int, call_id: int, err: EncoderError) -> "Error":
+        """The message for a typed error raised in the worker."""
+        return cls(rank, generation, call_id, err.kind, err.http_status, err.message, err.req_id)
+
+    def to_exception(self) -> EncoderError:
+        """The same typed error, rebuilt on the front's side of the boundary."""
+        return EncoderError.from_kind(self.kind, self.message, self.req_id)
+
+
+Message = Encode | Cancel | Call | Drain | Stop | Status | Result | Error
+_STRUCTS: dict[MsgKind, type[Any]] = {
+    cls.KIND: cls for cls in (Encode, Cancel, Call, Drain, Stop, Status, Result, Error)
+}
+
+
+def pack(msg: Message, *frames: bytes) -> list[bytes]:
+    """The multipart frames of ``msg`` followed by raw ``frames``."""
+    fields: dict[str, Any] = {"v": WIRE_VERSION, "k": int(msg.KIND)}
+    for f in dataclasses.fields(msg):
+        value = getattr(msg, f.name)
+        fields[f.name] = value.value if isinstance(value, Enum) else value
+    return [msgpack.packb(fields, use_bin_type=True), *frames]
+
+
+def unpack(frames: Sequence[bytes]) -> tuple[Message, list[bytes]]:
+    """The struct in frame 0 and the raw frames after it; :class:`ProtocolError` if malformed."""
+    if not frames:
+        raise ProtocolError("empty message")
+    try:
+        fields = msgpack.unpackb(frames[0], raw=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise ProtocolError(f"undecodable message header: {exc}") from None
+    if not isinstance(fields, dict):
+        raise ProtocolError("message header is not a map")
+    if fields.get("v") != WIRE_VERSION:
+        raise ProtocolError(f"message version {fields.get('v')!r}, this end speaks {WIRE_VERSION}")
+    try:
+        cls = _STRUCTS[MsgKind(fields.get("k"))]
+    except (ValueError, KeyError):
+        raise ProtocolError(f"unknown message kind {fields.get('k')!r}") from None
+    enums = getattr(cls, "_ENUMS", {})
+    values: dict[str, Any] = {}
+    try:
+        for f in dataclasses.fields(cls):
+            if f.name not in fields:
+                if f.default is dataclasses.MISSING:
+                    raise ProtocolError(f"{cls.__name__} without field {f.name!r}")
+                continue
+            raw = fields[f.name]
+            values[f.name] = enums[f.name](raw) if f.name in enums else raw
+    except ValueError as exc:
+        raise ProtocolError(f"{cls.__name__}: {exc}") from None
+    return cls(**values), list(frames[1:])
+
+
+def request_to_wire(request: EncodeRequest) -> dict[str, Any]:
+    """A validated request as plain msgpack values (the worker does not parse the body again)."""
+    port = request.embedding_port
+    return {
+        "req_id": request.req_id,
+        "modality": request.modality.value,
+        "items": [[spec.source, spec.options] for spec in request.items],
+        "num_parts": request.num_parts,
+        "part_idx": request.part_idx,
+        "prefill_host": request.prefill_host,
+        "embedding_port": list(port) if isinstance(port, tuple) else port,
+        "encoder_idx": request.encoder_idx,
+        "hashes": list(request.hashes) if request.hashes is not None else None,
+    }
+
+
+def request_from_wire(fields: dict[str, Any]) -> EncodeRequest:
+    """Inverse of :func:`request_to_wire`."""
+    try:
+        port = fields["embedding_port"]
+        return EncodeRequest(
+            req_id=fields["req_id"],
+            modality=Modality(fields["modality"]),
+            items=tuple(ItemSpec(source, options) for source, options in fields["items"]),
+            num_parts=fields["num_parts"],
+            part_idx=fields["part_idx"],
+            prefill_host=fields["prefill_host"],
+            embedding_port=tuple(port) if isinstance(port, list) else port,
+            encoder_idx=fields["encoder_idx"],
+            hashes=tuple(fields["hashes"]) if fields["hashes"] is not None else None,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed request on the wire: {exc!r}") from None

@@ -1,0 +1,79 @@
+"""Which device, and how many CPU threads, each data-parallel worker gets.
+
+Pure functions of the settings and the environment, decided by the front before any worker
+starts. The front never imports torch (it must stay light and never touch a GPU), so GPUs are
+counted from ``CUDA_VISIBLE_DEVICES`` or the ``/dev/nvidiaN`` device files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from encoder_pod.settings import EncoderSettings, SettingsError
+
+_NVIDIA_DEV = re.compile(r"nvidia(\d+)$")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One rank's share of the machine."""
+
+    rank: int
+    device: str
+    """``cuda`` (one GPU, seen by the worker as cuda:0) or ``cpu``."""
+    num_threads: int
+    """torch intra-op threads of the worker."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Variables set in the worker before torch is imported."""
+
+    def describe(self) -> str:
+        """A short human description for logs and /server_info."""
+        if self.device == "cuda":
+            return f"GPU {self.env['CUDA_VISIBLE_DEVICES']}, {self.num_threads} CPU threads"
+        return f"CPU, {self.num_threads} threads"
+
+
+def visible_gpus(environ: Mapping[str, str], dev_dir: Path = Path("/dev")) -> list[str]:
+    """GPU ids this process may use, without initialising CUDA."""
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [d.strip() for d in listed.split(",") if d.strip() and d.strip() != "-1"]
+    try:
+        found = [int(m.group(1)) for p in dev_dir.iterdir() if (m := _NVIDIA_DEV.match(p.name))]
+    except OSError:
+        return []
+    return [str(i) for i in sorted(found)]
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def plan(settings: EncoderSettings, environ: Mapping[str, str], cpus: int) -> list[Placement]:
+    """One :class:`Placement` per rank; :class:`SettingsError` when the GPUs do not suffice."""
+    gpus = visible_gpus(environ)
+    on_gpu = settings.device == "cuda" or (settings.device == "auto" and bool(gpus))
+    if on_gpu and len(gpus) < settings.dp_size:
+        raise SettingsError(
+            f"invalid setting ENCODER_DP_SIZE / --dp-size: {settings.dp_size} workers need one GPU each, "
+            f"{len(gpus)} visible ({'CUDA_VISIBLE_DEVICES=' + environ['CUDA_VISIBLE_DEVICES'] if 'CUDA_VISIBLE_DEVICES' in environ else '/dev/nvidia*'})"
+        )
+    # An explicit NUM_THREADS is per worker; otherwise the CPUs are split evenly, so N workers
+    # do not each start a pool as large as the machine and thrash.
+    threads = settings.num_threads or max(1, cpus // settings.dp_size)
+    placements = []
+    for rank in range(settings.dp_size):
+        env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        # On CPU the worker must not grab a GPU by accident (device auto on a GPU host with
+        # ENCODER_DEVICE=cpu): hide them all.
+        env["CUDA_VISIBLE_DEVICES"] = gpus[rank] if on_gpu else ""
+        placements.append(Placement(rank, "cuda" if on_gpu else "cpu", threads, env))
+    return placements

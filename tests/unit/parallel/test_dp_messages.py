@@ -1,0 +1,85 @@
+"""The typed front <-> worker messages: round trips, and refusals of anything else."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from encoder_pod.errors import ErrorKind, RequestTimeout, WorkerDied
+from encoder_pod.parallel.messages import (
+    WIRE_VERSION,
+    Call,
+    ControlOp,
+    Encode,
+    Error,
+    ProtocolError,
+    Result,
+    Status,
+    WorkerState,
+    pack,
+    request_from_wire,
+    request_to_wire,
+    unpack,
+)
+from encoder_pod.protocol import parse_encode_request
+
+pytestmark = pytest.mark.unit
+
+BODY = {
+    "req_id": "r1_local_part_1", "modality": "image", "mm_items": ["data:image/png;base64,AAAA", {"url": "x", "max_pixels": 9}],
+    "num_parts": 2, "part_idx": 1, "prefill_host": "10.0.0.1", "embedding_port": [5000, 5001], "encoder_idx": {"a": 1},
+    "hashes": [1, 2],
+}
+
+
+def test_request_survives_the_wire_exactly():
+    request = parse_encode_request(BODY)
+    msg, _ = unpack(pack(Encode(7, request_to_wire(request))))
+    assert isinstance(msg, Encode) and msg.call_id == 7
+    assert request_from_wire(msg.request) == request
+
+
+def test_raw_frame_travels_beside_the_header():
+    msg, frames = unpack(pack(Result(1, 3, 9, {"embedding": {"shape": [2, 4]}}, framed=True), b"QUJD"))
+    assert isinstance(msg, Result) and msg.framed and msg.rank == 1 and msg.generation == 3
+    assert [bytes(f) for f in frames] == [b"QUJD"]
+
+
+def test_error_keeps_kind_and_status_across_the_boundary():
+    err = RequestTimeout("too slow", req_id="r")
+    msg, _ = unpack(pack(Error.of(0, 1, 5, err)))
+    assert isinstance(msg, Error) and msg.kind is ErrorKind.TIMEOUT and msg.http_status == 504
+    back = msg.to_exception()
+    assert isinstance(back, RequestTimeout) and back.http_status == 504 and back.req_id == "r"
+    assert isinstance(unpack(pack(Error.of(0, 1, 5, WorkerDied("x"))))[0].to_exception(), WorkerDied)
+
+
+def test_enums_come_back_typed():
+    call, _ = unpack(pack(Call(1, ControlOp.START_PROFILE, {"num_steps": 2})))
+    assert isinstance(call, Call) and call.op is ControlOp.START_PROFILE
+    status, _ = unpack(pack(Status(0, 1, 123, WorkerState.READY, "serving", 1.5, metrics=b"m 1\n")))
+    assert isinstance(status, Status) and status.state is WorkerState.READY and status.metrics == b"m 1\n"
+
+
+@pytest.mark.parametrize(
+    "header, words",
+    [
+        ({"v": WIRE_VERSION + 1, "k": 2, "call_id": 1}, "version"),
+        ({"v": WIRE_VERSION, "k": 99}, "unknown message kind"),
+        ({"v": WIRE_VERSION, "k": 2}, "without field 'call_id'"),
+        ({"v": WIRE_VERSION, "k": 3, "call_id": 1, "op": "rm -rf", "args": {}}, "Call"),
+        ([1, 2], "not a map"),
+    ],
+)
+def test_anything_else_is_a_protocol_error(header, words):
+    with pytest.raises(ProtocolError, match=words):
+        unpack([msgpack.packb(header)])
+
+
+def test_garbage_and_pickles_are_refused():
+    import pickle
+
+    with pytest.raises(ProtocolError):
+        unpack([pickle.dumps({"v": WIRE_VERSION, "k": 2, "call_id": 1})])
+    with pytest.raises(ProtocolError):
+        unpack([])

@@ -1,0 +1,72 @@
+"""Worker metrics merged into the front's exposition, labelled by rank, never counted twice."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from encoder_pod.errors import Overloaded
+from encoder_pod.parallel.ranked_metrics import DataParallelMetrics, edge_metrics, merge, replica_metrics
+from encoder_pod.parallel.registrations import EarlyRegistrations
+
+pytestmark = pytest.mark.unit
+
+
+def _samples(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            head, _, value = line.rpartition(" ")
+            out[head] = float(value)
+    return out
+
+
+def test_merge_labels_worker_samples_by_rank_and_keeps_families_whole():
+    front = edge_metrics()
+    dp = DataParallelMetrics(front)
+    front.requests.labels(code="200").inc(3)
+    dp.routed.labels(rank="0").inc()
+    workers = []
+    for rank, batches in ((0, 2), (1, 5)):
+        m = replica_metrics()
+        for _ in range(batches):
+            m.batch_size.observe(2)
+        m.queue_depth.set(rank + 1)
+        workers.append((rank, m.render()))
+    text = merge(front.render(), workers).decode()
+    samples = _samples(text)
+    assert samples['encoder_requests_total{code="200"}'] == 3
+    assert samples['encoder_batch_size_count{rank="0"}'] == 2
+    assert samples['encoder_batch_size_count{rank="1"}'] == 5
+    assert samples['encoder_batch_size_bucket{rank="1",le="2.0"}'] == 5
+    assert samples['encoder_queue_depth{rank="1"}'] == 2
+    # One HELP per family, and every sample of a family right after it (Prometheus requires it).
+    helps = [line.split()[2] for line in text.splitlines() if line.startswith("# HELP")]
+    assert len(helps) == len(set(helps))
+    lines = text.splitlines()
+    first = lines.index("# HELP encoder_batch_size Requests per batch.") + 2
+    end = next(i for i in range(first, len(lines)) if lines[i].startswith("#"))
+    block = lines[first:end]
+    assert all(line.startswith("encoder_batch_size_") for line in block)
+    assert {'rank="0"' in line for line in block} == {True, False}  # both ranks, in one block
+
+
+def test_edge_families_only_in_front_and_replica_families_only_in_workers():
+    front, worker = edge_metrics().render().decode(), replica_metrics().render().decode()
+    assert "encoder_request_seconds" in front and "encoder_batch_size" not in front
+    assert "encoder_request_seconds" not in worker and "encoder_requests_total" not in worker
+    assert "encoder_batch_size" in worker
+
+
+def test_early_registrations_are_bounded_and_expire():
+    early = EarlyRegistrations(limit=2, ttl_s=0.05)
+    early.add("a", {"receive_url": "h:1"})
+    early.add("a", {"receive_url": "h:2"})
+    early.add("b", {"receive_url": "h:3"})
+    with pytest.raises(Overloaded):
+        early.add("c", {})
+    assert [p["receive_url"] for p in early.take("a")] == ["h:1", "h:2"] and early.take("a") == []
+    time.sleep(0.06)
+    early.add("c", {})  # "b" expired, so there is room
+    assert early.take("b") == [] and len(early) == 1

@@ -1,0 +1,102 @@
+"""Least-pending routing with round-robin ties, per-worker limits and FIFO waiting."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from encoder_pod.parallel.router import NoWorker, Router
+
+pytestmark = pytest.mark.unit
+
+
+def _ready(ranks: int, limit: int = 4) -> Router:
+    router = Router(ranks, limit)
+    for rank in range(ranks):
+        router.set_ready(rank, True)
+    return router
+
+
+def test_equal_loads_rotate_instead_of_piling_on_rank_0():
+    router = _ready(3)
+
+    async def scenario() -> list[int]:
+        picks = []
+        for _ in range(6):
+            rank = await router.acquire()
+            picks.append(rank)
+            router.release(rank)
+        return picks
+
+    assert asyncio.run(scenario()) == [0, 1, 2, 0, 1, 2]
+
+
+def test_least_pending_rank_wins():
+    router = _ready(3)
+
+    async def scenario() -> int:
+        held = [await router.acquire() for _ in range(3)]  # one on each
+        router.release(held[1])  # rank 1 now has the fewest
+        return await router.acquire()
+
+    assert asyncio.run(scenario()) == 1
+
+
+def test_dead_rank_gets_no_traffic_and_none_ready_fails_at_once():
+    router = _ready(2)
+    router.set_ready(0, False)
+
+    async def scenario() -> list[int]:
+        picks = []
+        for _ in range(3):
+            rank = await router.acquire()
+            picks.append(rank)
+            router.release(rank)
+        router.set_ready(1, False)
+        with pytest.raises(NoWorker):
+            await router.acquire()
+        return picks
+
+    assert asyncio.run(scenario()) == [1, 1, 1]
+
+
+def test_full_ranks_make_callers_wait_in_order_and_limit_holds():
+    router = _ready(2, limit=1)
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        first = [await router.acquire(), await router.acquire()]
+        waiters = [asyncio.create_task(router.acquire()) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert router.waiting == 3 and not any(w.done() for w in waiters)
+        router.release(first[1])
+        await asyncio.sleep(0)
+        assert waiters[0].done() and not waiters[1].done()
+        assert max(router.pending) <= 1
+        router.release(first[0])
+        await asyncio.sleep(0)
+        assert waiters[1].done() and not waiters[2].done()
+        waiters[2].cancel()
+        await asyncio.gather(waiters[2], return_exceptions=True)
+        return first, [waiters[0].result(), waiters[1].result()]
+
+    first, later = asyncio.run(scenario())
+    assert sorted(first) == [0, 1] and later == [1, 0]
+
+
+def test_cancelled_waiter_leaks_no_slot_and_fail_waiters_answers_all():
+    router = _ready(1, limit=1)
+
+    async def scenario() -> None:
+        held = await router.acquire()
+        waiters = [asyncio.create_task(router.acquire()) for _ in range(2)]
+        await asyncio.sleep(0)
+        waiters[0].cancel()
+        await asyncio.gather(waiters[0], return_exceptions=True)
+        assert router.fail_waiters(NoWorker) == 1
+        with pytest.raises(NoWorker):
+            await waiters[1]
+        router.release(held)
+        assert router.pending == [0]
+
+    asyncio.run(scenario())
