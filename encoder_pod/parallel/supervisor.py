@@ -1,0 +1,358 @@
+"""The worker processes: spawn, watch, restart with backoff, stop.
+
+Death is noticed through each process's sentinel (a file descriptor that becomes readable when
+the process exits) registered on the front's event loop, so a SIGKILL or OOM kill is seen within
+milliseconds, without polling. The calls a dead worker held are failed with 503 at once; the
+rank leaves the router and comes back only when its successor reports its model loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import signal
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from multiprocessing.process import BaseProcess
+from typing import Any, Callable
+
+import zmq
+
+from encoder_pod.errors import NotReady, WorkerDied
+from encoder_pod.parallel.ipc import IpcDir
+from encoder_pod.parallel.messages import Status, Stop, WorkerState, pack
+from encoder_pod.parallel.placement import Placement
+from encoder_pod.parallel.ranked_metrics import DataParallelMetrics
+from encoder_pod.parallel.router import Router
+from encoder_pod.parallel.worker import EXIT_LOAD_FAILED, WorkerSpec, run_worker
+from encoder_pod.settings import EncoderSettings
+
+log = logging.getLogger(__name__)
+
+BACKOFF_CAP_S = 30.0
+"""Longest wait before a restart: a crash-looping worker costs at most one start per 30 s."""
+STABLE_S = 60.0
+"""A worker ready this long before it died starts its backoff over (its death was not a loop)."""
+PROGRESS_LOG_S = 10.0
+"""How often a slow model load is logged."""
+SNDHWM = 100_000
+"""Messages queued per worker inbox; far above DP_WORKER_MAX_INFLIGHT, so full means gone."""
+
+
+class RankState(str, Enum):
+    """The front's view of one rank."""
+
+    STARTING = "starting"
+    READY = "ready"
+    RESTARTING = "restarting"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+def restart_delay(base: float, quick_deaths: int) -> float:
+    """Exponential backoff: ``base`` after the first quick death, doubling, capped."""
+    return min(BACKOFF_CAP_S, base * 2 ** max(0, quick_deaths - 1))
+
+
+def describe_exit(code: int | None) -> tuple[str, str]:
+    """(metric reason, human text) of a process exit code."""
+    if code is None:
+        return "unknown", "exit status unknown"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return "killed", f"killed by {name}"
+    if code == EXIT_LOAD_FAILED:
+        return "load_failed", "model failed to load"
+    if code == 0:
+        return "exited", "exited with code 0"
+    return "crashed", f"exited with code {code}"
+
+
+@dataclass(eq=False)
+class WorkerHandle:
+    """One rank: its current process, inbox socket, state and the calls it holds."""
+
+    rank: int
+    placement: Placement
+    state: RankState = RankState.STARTING
+    generation: int = 0
+    process: BaseProcess | None = None
+    sock: zmq.Socket | None = None
+    pid: int | None = None
+    phase: str = "spawning"
+    spawned_at: float = 0.0
+    ready_at: float | None = None
+    last_error: str | None = None
+    last_exit: str | None = None
+    restart_at: float | None = None
+    info: dict[str, Any] | None = None
+    metrics: bytes | None = None
+    deaths: int = 0
+    restarts: int = 0
+    failed_starts: int = 0
+    quick_deaths: int = 0
+    next_progress_log: float = 0.0
+    calls: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
+
+    def send(self, frames: list[bytes]) -> None:
+        """Queue a message for this rank without ever blocking the event loop."""
+        if self.sock is None:
+            raise WorkerDied(f"worker {self.rank} is not running ({self.state.value})")
+        try:
+            self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            # A bound PUSH with no connected peer refuses at once: the worker is gone or not up.
+            raise NotReady(f"worker {self.rank} is not accepting messages (it died or is stopping)") from None
+
+    def fail_calls(self, make_error: Callable[[], Exception]) -> int:
+        """Answer every call this rank holds with a fresh ``make_error()``; returns how many."""
+        calls, self.calls = self.calls, {}
+        for future in calls.values():
+            if not future.done():
+                future.set_exception(make_error())
+        return len(calls)
+
+    def describe(self, router: Router) -> dict[str, Any]:
+        """This rank in /server_info."""
+        now = time.monotonic()
+        info = self.info or {}
+        return {
+            "rank": self.rank,
+            "state": self.state.value,
+            "phase": self.phase,
+            "pid": self.pid,
+            "generation": self.generation,
+            "placement": self.placement.describe(),
+            "starting_for_s": round(now - self.spawned_at, 1) if self.state is RankState.STARTING else None,
+            "restart_in_s": round(max(0.0, self.restart_at - now), 1) if self.state is RankState.RESTARTING and self.restart_at else None,
+            "pending": router.pending[self.rank],
+            "routed": router.routed[self.rank],
+            "queue_depth": info.get("queue_depth", 0),
+            "deaths": self.deaths,
+            "restarts": self.restarts,
+            "failed_starts": self.failed_starts,
+            "last_exit": self.last_exit,
+            "load_error": self.last_error,
+            "model": info.get("model"),
+        }
+
+
+class Supervisor:
+    """Owns the worker processes of one front."""
+
+    def __init__(
+        self,
+        settings: EncoderSettings,
+        placements: list[Placement],
+        ipc: IpcDir,
+        zctx: zmq.Context,
+        router: Router,
+        metrics: DataParallelMetrics,
+        on_rank_down: Callable[[int], None],
+    ) -> None:
+        self.settings = settings
+        self.handles = [WorkerHandle(p.rank, p) for p in placements]
+        self._ipc = ipc
+        self._zctx = zctx
+        self._router = router
+        self._metrics = metrics
+        self._on_rank_down = on_rank_down
+        self._mp = multiprocessing.get_context("spawn")
+        self._restarts: set[asyncio.Task[None]] = set()
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start_all(self) -> None:
+        """Spawn every worker (returns at once; each reports ready when its model is loaded)."""
+        self._loop = asyncio.get_running_loop()
+        for handle in self.handles:
+            self._metrics.up.labels(rank=str(handle.rank)).set(0)
+            self._spawn(handle)
+
+    def _spawn(self, handle: WorkerHandle) -> None:
+        assert self._loop is not None
+        handle.generation += 1
+        address = self._ipc.worker_inbox(handle.rank, handle.generation)
+        sock = self._zctx.socket(zmq.PUSH, socket_class=zmq.Socket)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, SNDHWM)
+        sock.bind(address)
+        settings = self.settings.model_copy(
+            update={"num_threads": handle.placement.num_threads, "device": handle.placement.device}
+        )
+        spec = WorkerSpec(handle.rank, handle.generation, address, self._ipc.results, settings.model_dump_json(), handle.placement.env)
+        process = self._mp.Process(
+            target=run_worker, args=(spec.to_json(),), name=f"encoder-dp-{handle.rank}", daemon=True
+        )
+        process.start()
+        now = time.monotonic()
+        handle.process, handle.sock, handle.pid = process, sock, process.pid
+        handle.state, handle.phase, handle.spawned_at, handle.ready_at = RankState.STARTING, "spawned", now, None
+        handle.info = handle.metrics = None
+        handle.restart_at = None
+        handle.next_progress_log = now + PROGRESS_LOG_S
+        self._loop.add_reader(process.sentinel, self._on_exit, handle, handle.generation)
+        log.info(
+            "rank %d: worker pid %d started (generation %d, %s)",
+            handle.rank, process.pid, handle.generation, handle.placement.describe(),
+        )
+
+    # --- what the workers report ----------------------------------------------------------
+    def on_status(self, msg: Status) -> None:
+        """A worker's heartbeat: state changes, load progress, info and metrics."""
+        if not 0 <= msg.rank < len(self.handles):
+            log.error("status from unknown rank %d", msg.rank)
+            return
+        handle = self.handles[msg.rank]
+        if msg.generation != handle.generation:
+            return  # a late heartbeat of a dead incarnation
+        handle.phase = msg.phase
+        handle.info = msg.info if msg.info is not None else handle.info
+        if msg.error:
+            handle.last_error = msg.error
+        if handle.state not in (RankState.STARTING, RankState.READY):
+            return
+        handle.metrics = msg.metrics if msg.metrics is not None else handle.metrics
+        now = time.monotonic()
+        if msg.state is WorkerState.READY and handle.state is RankState.STARTING:
+            handle.state, handle.ready_at = RankState.READY, now
+            handle.failed_starts, handle.last_error = 0, None
+            self._metrics.up.labels(rank=str(handle.rank)).set(1)
+            self._router.set_ready(handle.rank, True)
+            log.info("rank %d: ready in %.1fs (pid %d)", handle.rank, now - handle.spawned_at, handle.pid)
+        elif msg.state is WorkerState.LOADING and now >= handle.next_progress_log:
+            handle.next_progress_log = now + PROGRESS_LOG_S
+            log.info("rank %d: still loading (%s, %.0fs)", handle.rank, msg.phase, msg.elapsed_s)
+        elif msg.state is WorkerState.STOPPING and handle.state is RankState.READY and not self._stopping:
+            # Someone sent the worker alone a SIGTERM: it drains, so it gets no new traffic.
+            self._router.set_ready(handle.rank, False)
+            self._metrics.up.labels(rank=str(handle.rank)).set(0)
+
+    # --- death and restart ------------------------------------------------------------------
+    def _on_exit(self, handle: WorkerHandle, generation: int) -> None:
+        """The process's sentinel fired: it is exiting. Take it out of service now."""
+        assert self._loop is not None and handle.process is not None
+        self._loop.remove_reader(handle.process.sentinel)
+        if generation != handle.generation:
+            return
+        was_ready = handle.ready_at is not None
+        handle.state = RankState.STOPPED if self._stopping else RankState.RESTARTING
+        self._router.set_ready(handle.rank, False)
+        self._metrics.up.labels(rank=str(handle.rank)).set(0)
+        if handle.sock is not None:
+            handle.sock.close(0)
+            handle.sock = None
+        self._ipc.remove_inbox(handle.rank, generation)
+        handle.metrics = None
+        pid = handle.pid
+        held = handle.fail_calls(
+            lambda: WorkerDied(f"worker {handle.rank} (pid {pid}) died while holding this request")
+        )
+        if not self._stopping:
+            self._on_rank_down(handle.rank)
+        task = self._loop.create_task(self._reap(handle, generation, was_ready, held))
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
+
+    async def _reap(self, handle: WorkerHandle, generation: int, was_ready: bool, held: int) -> None:
+        """Collect the exit status, then log, count and schedule the restart."""
+        process = handle.process
+        assert process is not None
+        # The sentinel fires when the process's files close, which is before it is a zombie
+        # (a GPU driver's teardown can sit in between): poll without blocking the loop.
+        deadline = time.monotonic() + 10
+        while process.exitcode is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        reason, text = describe_exit(process.exitcode)
+        if self._stopping:
+            handle.state = RankState.STOPPED
+            log.info("rank %d: worker pid %d stopped (%s)", handle.rank, handle.pid, text)
+            return
+        handle.deaths += 1
+        handle.last_exit = text
+        self._metrics.deaths.labels(rank=str(handle.rank), reason=reason).inc()
+        log.error("rank %d: worker pid %d died: %s; %d held requests answered 503", handle.rank, handle.pid, text, held)
+        if generation == handle.generation:
+            self._schedule_restart(handle, was_ready)
+
+    def _schedule_restart(self, handle: WorkerHandle, was_ready: bool) -> None:
+        assert self._loop is not None
+        now = time.monotonic()
+        if not was_ready:
+            handle.failed_starts += 1
+        stable = handle.ready_at is not None and now - handle.ready_at >= STABLE_S
+        handle.quick_deaths = 1 if stable else handle.quick_deaths + 1
+        if handle.failed_starts >= self.settings.dp_max_failed_starts:
+            handle.state = RankState.FAILED
+            log.error(
+                "rank %d: given up after %d failed starts (ENCODER_DP_MAX_FAILED_STARTS); last error: %s",
+                handle.rank, handle.failed_starts, handle.last_error or handle.last_exit,
+            )
+            return
+        delay = restart_delay(self.settings.dp_restart_backoff, handle.quick_deaths)
+        handle.state, handle.restart_at = RankState.RESTARTING, now + delay
+        log.warning("rank %d: restarting in %.1fs", handle.rank, delay)
+        task = self._loop.create_task(self._restart_later(handle, delay, handle.generation))
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
+
+    async def _restart_later(self, handle: WorkerHandle, delay: float, generation: int) -> None:
+        await asyncio.sleep(delay)
+        if self._stopping or handle.generation != generation:
+            return
+        handle.restarts += 1
+        self._metrics.restarts.labels(rank=str(handle.rank)).inc()
+        log.info("rank %d: restart #%d", handle.rank, handle.restarts)
+        try:
+            self._spawn(handle)
+        except Exception as exc:  # noqa: BLE001 - a failed spawn is one more failed start
+            handle.last_error = f"spawn failed: {type(exc).__name__}: {exc}"
+            log.exception("rank %d: spawn failed", handle.rank)
+            self._schedule_restart(handle, was_ready=False)
+
+    # --- stop -------------------------------------------------------------------------------
+    def broadcast(self, frames: list[bytes]) -> None:
+        """Send one message to every running worker; a worker that cannot take it is skipped."""
+        for handle in self.handles:
+            try:
+                handle.send(frames)
+            except (WorkerDied, NotReady):
+                continue
+
+    async def stop(self, grace: float) -> None:
+        """Tell every worker to finish within ``grace``, wait for them, kill stragglers."""
+        self._stopping = True
+        for task in list(self._restarts):
+            task.cancel()
+        live = [h for h in self.handles if h.process is not None and h.process.exitcode is None]
+        for handle in live:
+            try:
+                handle.send(pack(Stop(grace)))
+            except (WorkerDied, NotReady):
+                handle.process.terminate()  # type: ignore[union-attr]  # not listening yet
+        deadline = time.monotonic() + grace + 5
+        while any(h.process.is_alive() for h in live) and time.monotonic() < deadline:  # type: ignore[union-attr]
+            await asyncio.sleep(0.05)
+        for handle in live:
+            process = handle.process
+            assert process is not None
+            if process.is_alive():
+                log.warning("rank %d: worker pid %d did not stop in time; killing it", handle.rank, process.pid)
+                process.kill()
+                await asyncio.to_thread(process.join, 5)
+        # Let the sentinel callbacks and their reaping run, then release whatever they did not.
+        await asyncio.sleep(0)
+        if self._restarts:
+            await asyncio.wait(list(self._restarts), timeout=2)
+        for handle in self.handles:
+            if handle.process is not None and self._loop is not None:
+                self._loop.remove_reader(handle.process.sentinel)
+            if handle.sock is not None:
+                handle.sock.close(0)
+                handle.sock = None
+            handle.state = RankState.STOPPED

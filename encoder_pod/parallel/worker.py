@@ -1,0 +1,319 @@
+"""One data-parallel worker process: an :class:`EncoderRuntime` behind the front's IPC sockets.
+
+Started by the front with the ``spawn`` method (never ``fork``: a forked CUDA or OpenMP runtime
+is undefined behaviour). Its only argument is a JSON string, so nothing rich is pickled; device
+pinning (``CUDA_VISIBLE_DEVICES``) and thread counts are set before torch is imported.
+
+The worker reads typed messages from its own inbox and pushes answers, plus a heartbeat with its
+state, load progress, info and metrics, to the front's shared results socket. Embeddings for
+prefill servers leave through the runtime's transfer backends, straight from here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import zmq
+import zmq.asyncio
+
+from encoder_pod.errors import EncoderError, InternalError, NotReady
+from encoder_pod.parallel.messages import (
+    Call,
+    Cancel,
+    ControlOp,
+    Drain,
+    Encode,
+    Error,
+    Message,
+    ProtocolError,
+    Result,
+    Status,
+    Stop,
+    WorkerState,
+    pack,
+    request_from_wire,
+    unpack,
+)
+from encoder_pod.parallel.ranked_metrics import replica_metrics
+from encoder_pod.settings import EncoderSettings
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 0.5
+"""How often a worker reports its state and metrics (the freshness of /metrics and /server_info)."""
+
+EXIT_OK = 0
+EXIT_LOAD_FAILED = 3
+"""Exit code of a worker whose model did not load: the front counts a failed start, not a crash."""
+EXIT_ORPHANED = 4
+"""Exit code of a worker whose front died: nobody is left to answer."""
+
+SEND_LINGER_MS = 2000
+"""On exit, how long queued answers may take to reach the front before they are dropped."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs, as plain values (the spawn argument is its JSON)."""
+
+    rank: int
+    generation: int
+    inbox: str
+    results: str
+    settings_json: str
+    env: dict[str, str]
+
+    def to_json(self) -> str:
+        """The spawn argument."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "WorkerSpec":
+        """Inverse of :meth:`to_json`."""
+        return cls(**json.loads(text))
+
+
+def run_worker(spec_json: str) -> None:
+    """Entry point of the spawned process."""
+    spec = WorkerSpec.from_json(spec_json)
+    os.environ.update(spec.env)  # before anything imports torch
+    # Ctrl-C in a terminal reaches the whole process group; the front decides how workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    settings = EncoderSettings.model_validate_json(spec.settings_json)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s [rank {spec.rank}] %(name)s: %(message)s",
+        force=True,
+    )
+    sys.exit(asyncio.run(WorkerServer(spec, settings).run()))
+
+
+class WorkerServer:
+    """The worker's event loop: inbox -> runtime -> results socket."""
+
+    def __init__(self, spec: WorkerSpec, settings: EncoderSettings) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.runtime: Any = None  # EncoderRuntime once torch is imported
+        self._phase = "importing"
+        self._started = time.monotonic()
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._stop_grace: float | None = None
+        self._stop = asyncio.Event()
+        # Sockets are made in run(), on the loop that uses them.
+        self._ctx: zmq.asyncio.Context
+        self._inbox: zmq.asyncio.Socket
+        self._out: zmq.asyncio.Socket
+
+    # --- lifecycle ------------------------------------------------------------------------
+    async def run(self) -> int:
+        """Load, serve until told to stop; returns the process exit code."""
+        self._ctx = zmq.asyncio.Context()
+        self._inbox = self._ctx.socket(zmq.PULL)
+        self._out = self._ctx.socket(zmq.PUSH)
+        self._out.setsockopt(zmq.LINGER, SEND_LINGER_MS)
+        self._out.connect(self.spec.results)
+        self._inbox.connect(self.spec.inbox)
+        loop = asyncio.get_running_loop()
+        self._watch_parent(loop)
+        loop.add_signal_handler(signal.SIGTERM, self._on_sigterm)
+        background = [asyncio.create_task(self._recv_loop()), asyncio.create_task(self._heartbeat_loop())]
+        try:
+            return await self._serve()
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            self._inbox.close(0)
+            self._out.close()
+            self._ctx.term()
+
+    async def _serve(self) -> int:
+        # torch and the model stack import for seconds; on a thread, so heartbeats keep flowing.
+        runtime_mod = await asyncio.to_thread(importlib.import_module, "encoder_pod.runtime")
+        registry = importlib.import_module("encoder_pod.models.registry")
+        self._phase = "loading"
+        self.runtime = runtime_mod.EncoderRuntime(
+            self.settings, replica_metrics(), adapter_loader=self._tracked(registry.load_adapter)
+        )
+        await self.runtime.start()
+        loaded = asyncio.create_task(self.runtime.wait_loaded())
+        stop = asyncio.create_task(self._stop.wait())
+        await asyncio.wait({loaded, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not loaded.done():
+            loaded.cancel()
+            await self._shutdown()
+            return EXIT_OK
+        if loaded.result() is runtime_mod.State.FAILED:
+            self._phase = "failed"
+            await self._send(self._status())
+            stop.cancel()
+            return EXIT_LOAD_FAILED
+        self._phase = "serving"
+        await self._send(self._status())
+        await stop
+        await self._shutdown()
+        return EXIT_OK
+
+    def _tracked(self, load: Callable[[EncoderSettings], Any]) -> Callable[[EncoderSettings], Any]:
+        """The adapter loader, reporting its phase (a slow load is visible in /server_info)."""
+
+        def loader(settings: EncoderSettings) -> Any:
+            self._phase = "loading weights"
+            adapter = load(settings)
+            self._phase = "warming up"
+            return adapter
+
+        return loader
+
+    async def _shutdown(self) -> None:
+        self._phase = "stopping"
+        grace = self._stop_grace if self._stop_grace is not None else self.settings.req_timeout
+        if self.runtime is not None:
+            await self.runtime.shutdown(grace)
+        # Started requests were answered or failed by the runtime; let their answers be sent.
+        if self._tasks:
+            await asyncio.wait(list(self._tasks.values()), timeout=5)
+        await self._send(self._status())
+
+    def _watch_parent(self, loop: asyncio.AbstractEventLoop) -> None:
+        parent = multiprocessing.parent_process()
+        if parent is None:
+            return
+
+        def orphaned() -> None:
+            # The front is gone (SIGKILL, OOM): no one can receive an answer. Threads may be in a
+            # forward, so a clean interpreter exit could hang; leave at once.
+            log.error("front process died; worker exits")
+            os._exit(EXIT_ORPHANED)
+
+        loop.add_reader(parent.sentinel, orphaned)
+
+    def _on_sigterm(self) -> None:
+        """A SIGTERM sent to this worker alone (or the whole group): drain, then stop."""
+        log.info("SIGTERM: draining")
+        if self.runtime is not None:
+            self.runtime.begin_shutdown()
+        self._stop.set()
+
+    # --- messages ---------------------------------------------------------------------------
+    async def _send(self, msg: Message, *frames: bytes) -> None:
+        await self._out.send_multipart(pack(msg, *frames), copy=False)
+
+    async def _recv_loop(self) -> None:
+        while True:
+            frames = await self._inbox.recv_multipart()
+            try:
+                msg, _ = unpack(frames)
+            except ProtocolError as exc:
+                log.error("dropped a malformed message from the front: %s", exc)
+                continue
+            self._dispatch(msg)
+
+    def _dispatch(self, msg: Message) -> None:
+        if isinstance(msg, Encode):
+            self._spawn(msg.call_id, self._encode(msg))
+        elif isinstance(msg, Call):
+            self._spawn(msg.call_id, self._control(msg))
+        elif isinstance(msg, Cancel):
+            task = self._tasks.get(msg.call_id)
+            if task is not None:
+                task.cancel()
+        elif isinstance(msg, Drain):
+            if self.runtime is not None:
+                self.runtime.begin_shutdown()
+        elif isinstance(msg, Stop):
+            self._stop_grace = msg.grace_s
+            self._stop.set()
+        else:
+            log.error("unexpected %s message from the front", type(msg).__name__)
+
+    def _spawn(self, call_id: int, work: Any) -> None:
+        task = asyncio.create_task(work)
+        self._tasks[call_id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(call_id, None))
+
+    async def _answer(self, call_id: int, work: Callable[[], Any], req_id: str | None = None) -> None:
+        """Run ``work`` and send its Result or typed Error; nothing is sent if the call was cancelled."""
+        rank, gen = self.spec.rank, self.spec.generation
+        try:
+            body = await work()
+        except EncoderError as err:
+            err.req_id = err.req_id or req_id
+            await self._send(Error.of(rank, gen, call_id, err))
+            return
+        except asyncio.CancelledError:
+            return  # the front gave up on this call (client gone, deadline): nobody waits
+        except Exception as exc:  # noqa: BLE001 - a bug must still answer the caller, typed
+            log.exception("call %d failed", call_id)
+            await self._send(Error.of(rank, gen, call_id, InternalError(f"{type(exc).__name__}: {exc}", req_id=req_id)))
+            return
+        frames: list[bytes] = []
+        embedding = body.get("embedding") if isinstance(body, dict) else None
+        if isinstance(embedding, dict) and isinstance(embedding.get("data"), str):
+            # The inline embedding (base64, made here, off the front's loop) travels as a raw
+            # frame; the front puts it back into the body untouched.
+            frames.append(embedding.pop("data").encode("ascii"))
+        await self._send(Result(rank, gen, call_id, body, framed=bool(frames)), *frames)
+
+    async def _encode(self, msg: Encode) -> None:
+        req_id = msg.request.get("req_id") if isinstance(msg.request, dict) else None
+
+        async def work() -> Any:
+            if self.runtime is None:
+                raise NotReady("model is still loading")
+            return await self.runtime.encode_request(request_from_wire(msg.request))
+
+        await self._answer(msg.call_id, work, req_id)
+
+    async def _control(self, msg: Call) -> None:
+        async def work() -> Any:
+            if self.runtime is None:
+                raise NotReady("model is still loading")
+            if msg.op is ControlOp.HEALTH:
+                return await self.runtime.health()
+            if msg.op is ControlOp.START_PROFILE:
+                return await self.runtime.start_profile(msg.args)
+            if msg.op is ControlOp.STOP_PROFILE:
+                return await self.runtime.stop_profile()
+            return await self.runtime.register_receive_url(msg.args)
+
+        await self._answer(msg.call_id, work)
+
+    # --- heartbeat ----------------------------------------------------------------------------
+    def _status(self) -> Status:
+        rt = self.runtime
+        state = WorkerState.LOADING
+        info = metrics = error = None
+        if rt is not None:
+            state = WorkerState(rt.state.value)
+            error = rt.load_error
+            info = rt.info()
+            info.pop("settings", None)  # the front shows the settings once
+            metrics = rt.metrics_text()
+        return Status(
+            rank=self.spec.rank,
+            generation=self.spec.generation,
+            pid=os.getpid(),
+            state=state,
+            phase=self._phase,
+            elapsed_s=round(time.monotonic() - self._started, 3),
+            error=error,
+            info=info,
+            metrics=metrics,
+        )
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await self._send(self._status())
+            await asyncio.sleep(HEARTBEAT_S)
