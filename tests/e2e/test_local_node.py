@@ -67,7 +67,7 @@ def test_http_server_pod_becomes_ready_and_answers_on_its_pod_ip(k8s_cluster: Cl
         pod = wait_for_pod(api, namespace, "web", pod_ready, 30, "Ready")
         ip = pod["status"]["podIP"]
         assert pod["spec"]["nodeName"] == LOCAL_NODE_NAME
-        assert ip.startswith("127.") and ip != "127.0.0.1"
+        assert ip.startswith(k8s_cluster.local_node.network.prefix + ".")
         assert httpx.get(f"http://{ip}:8080/", timeout=5).status_code == 200
         status = pod["status"]["containerStatuses"][0]
         assert status["ready"] is True and "running" in status["state"]
@@ -145,3 +145,41 @@ def test_pod_without_command_reports_a_config_error(k8s_cluster: Cluster, namesp
     waiting = pod["status"]["containerStatuses"][0]["state"]["waiting"]
     assert waiting["reason"] == "CreateContainerConfigError"
     assert "no command" in waiting["message"]
+
+
+def test_statefulset_on_the_local_node_fills_its_headless_service_endpointslice(
+        k8s_cluster: Cluster, namespace: str) -> None:
+    """The chain the operator relies on: StatefulSet -> Pods (run here, probed) -> Ready ->
+    EndpointSlice of the headless Service -> an address that answers."""
+    if not k8s_cluster.local_node.pod_ips_routable:
+        pytest.skip("local pod IPs are loopback addresses here (no CAP_NET_ADMIN): the API server "
+                    "refuses them in EndpointSlices; run as root (as CI does) for routed pod IPs")
+    template = http_server_pod("web")
+    statefulset = {
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "web"},
+        "spec": {"replicas": 2, "serviceName": "web", "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}}, "spec": template["spec"]}},
+    }
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+               "spec": {"clusterIP": "None", "selector": {"app": "web"}, "ports": [{"name": "http", "port": 8080}]}}
+    with k8s_cluster.api() as api:
+        api.create(path_for("v1", "services", namespace), service)
+        api.create(path_for("apps/v1", "statefulsets", namespace), statefulset)
+
+        def ready_addresses() -> list[str]:
+            slices = api.get(path_for("discovery.k8s.io/v1", "endpointslices", namespace),
+                             labelSelector="kubernetes.io/service-name=web")["items"]
+            addresses = [a for s in slices for e in s.get("endpoints") or []
+                         if e.get("conditions", {}).get("ready") for a in e["addresses"]]
+            return addresses if len(addresses) == 2 else []
+
+        addresses = wait_for(ready_addresses, 60, "two ready endpoints")
+        for address in addresses:
+            assert httpx.get(f"http://{address}:8080/", timeout=5).status_code == 200
+        pids = [container_pid(api.get(path_for("v1", "pods", namespace, f"web-{i}"))) for i in range(2)]
+        # Deleting the StatefulSet lets the garbage collector delete its pods; the node kills them.
+        api.request("DELETE", path_for("apps/v1", "statefulsets", namespace, "web"),
+                    {"propagationPolicy": "Background"})
+        for i in range(2):
+            wait_gone(api, path_for("v1", "pods", namespace, f"web-{i}"), 30)
+    assert not any(pid_alive(pid) for pid in pids)

@@ -36,7 +36,9 @@ _CHILD = textwrap.dedent("""
         pod = wait_for_pod(api, "default", "sleeper", pod_ready, 30, "Ready")
     pids = cluster.pids()
     pids["pod"] = int(pod["status"]["containerStatuses"][0]["containerID"].removeprefix("local://"))
-    print(json.dumps({"pids": pids, "workdir": str(cluster.workdir)}), flush=True)
+    network = cluster.local_node.network
+    print(json.dumps({"pids": pids, "workdir": str(cluster.workdir), "cidr": network.cidr,
+                      "routable": network.routable}), flush=True)
     time.sleep(600)
 """)
 
@@ -77,6 +79,10 @@ def test_sigkilled_test_runner_leaves_no_process_behind() -> None:
     pids = info["pids"]
     assert set(pids) >= {"etcd", "kube-apiserver", "kwok", "reaper", "pod"}
     assert _wait_all_gone(pids, 15) == {}
+    if info["routable"]:  # the pod-IP route is host state too: the reaper removes it
+        routes = subprocess.run(["ip", "route", "show", "table", "local"], capture_output=True, text=True,
+                                check=True).stdout
+        assert info["cidr"] not in routes
     # The reaper kills processes; the temp dir stays (nothing ran to remove it). Clean it up here.
     subprocess.run(["rm", "-rf", info["workdir"]], check=True)
 

@@ -46,6 +46,9 @@ class ClusterOptions:
     local_node_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: First CrashLoopBackOff delay on the local node (the kubelet uses 10 s).
     local_node_backoff: float = 10.0
+    #: Pod IPs of the local node: "auto", "routed" or "loopback" (see local_node/network.py);
+    #: ENCODERPOOL_E2E_POD_NETWORK overrides it.
+    pod_network: str = "auto"
     #: Keep logs and data after stop (also: ENCODERPOOL_E2E_KEEP=1).
     keep_workdir: bool = False
     start_timeout: float = 90.0
@@ -207,7 +210,9 @@ class Cluster:
             self.local_node = LocalNode(self.server, self.token, self.ca_file, self.workdir / "local-node",
                                         self._reaper, kubelet_version=self.binaries.k8s_version,
                                         extra_env=self.options.local_node_env,
-                                        backoff_base=self.options.local_node_backoff)
+                                        backoff_base=self.options.local_node_backoff,
+                                        pod_network=os.environ.get("ENCODERPOOL_E2E_POD_NETWORK",
+                                                                   self.options.pod_network))
             self.local_node.start()
 
     def stop(self) -> None:

@@ -8,6 +8,7 @@ command that forks (an encoder with data-parallel workers) leaves no orphan behi
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -55,6 +56,14 @@ class Reaper:
     def forget(self, pgid: int) -> None:
         """The group was stopped properly: do not signal a PGID the kernel may reuse."""
         self._send(f"-{pgid}")
+
+    def run_at_exit(self, argv: list[str]) -> None:
+        """Run this command when the watchdog ends (after killing the groups)."""
+        self._send("C+" + json.dumps(argv))
+
+    def forget_command(self, argv: list[str]) -> None:
+        """The cleanup was done properly: do not run it again."""
+        self._send("C-" + json.dumps(argv))
 
     def close(self) -> None:
         """EOF makes the watchdog kill whatever is still registered and exit."""

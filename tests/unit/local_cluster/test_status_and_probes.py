@@ -57,3 +57,16 @@ def test_terminated_state_carries_exit_code_reason_and_log_tail() -> None:
 
 def test_env_file_parsing_ignores_comments() -> None:
     assert parse_env_file("# c\nA=1\n\nB = /x/y\n") == {"A": "1", "B": "/x/y"}
+
+
+def test_loopback_pod_network_hands_out_distinct_addresses_and_reuses_them_last() -> None:
+    import random
+
+    from tests.e2e.cluster.local_node.network import loopback_network
+
+    network = loopback_network(random.Random(1))
+    first, second = network.take(), network.take()
+    assert first != second and first.startswith(network.prefix + ".") and network.prefix.startswith("127.")
+    assert not network.routable
+    network.give_back(first)
+    assert network.take() not in (first, second)

@@ -2,14 +2,13 @@
 
 ``LocalNode`` registers the node, keeps it alive (Lease renewals plus a Ready condition heartbeat,
 so the node lifecycle controller never taints it or evicts its pods), watches the pods bound to it
-and gives each one a ``PodRunner`` with its own loopback IP.
+and gives each one a ``PodRunner`` with its own IP (see network.py for which kind).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import random
 import sys
 import threading
 from collections.abc import Mapping
@@ -21,6 +20,7 @@ import httpx
 from ..api import MERGE, ApiClient, ApiError, path_for, wait_for
 from ..nodes import LOCAL_NODE_NAME, local_node_manifest, node_ready
 from ..procs import Reaper
+from .network import PodNetwork, choose_network
 from .runner import PodRunner, RunnerSettings
 from .status import now_rfc3339
 
@@ -41,40 +41,18 @@ def host_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return {**env, "PATH": path, **(extra or {})}
 
 
-class IpPool:
-    """Distinct loopback IPs for pods. The /24 is random per node, so two clusters on one machine
-    (a developer's ``make cluster`` and a test run) do not hand out the same addresses."""
-
-    def __init__(self, rng: random.Random | None = None) -> None:
-        rng = rng or random.Random()
-        self.prefix = f"127.{rng.randint(1, 254)}.{rng.randint(1, 254)}"
-        self._free = [f"{self.prefix}.{i}" for i in range(2, 255)]
-        self._lock = threading.Lock()
-
-    def take(self) -> str:
-        """An unused IP (raises RuntimeError when all 253 are in use)."""
-        with self._lock:
-            if not self._free:
-                raise RuntimeError("local node: no free loopback IP left")
-            return self._free.pop(0)
-
-    def give_back(self, ip: str) -> None:
-        """Return an IP; it is reused last, so a restarted pod rarely gets a just-freed address."""
-        with self._lock:
-            self._free.append(ip)
-
-
 class LocalNode:
     """Registers node ``name`` and runs its pods until ``stop()``."""
 
     def __init__(self, server: str, token: str, ca_file: Path, workdir: Path, reaper: Reaper,
                  name: str = LOCAL_NODE_NAME, kubelet_version: str = "v0.0.0",
-                 extra_env: Mapping[str, str] | None = None, backoff_base: float = 10.0) -> None:
+                 extra_env: Mapping[str, str] | None = None, backoff_base: float = 10.0,
+                 pod_network: str = "auto") -> None:
         self.name = name
         self._connection = (server, token, ca_file)
         self._manifest = local_node_manifest(name)
         self._kubelet_version = kubelet_version
-        self.ips = IpPool()
+        self.network: PodNetwork = choose_network(pod_network, reaper)
         self._settings = RunnerSettings(
             api_factory=self._api, reaper=reaper, workdir=workdir, host_ip="127.0.0.1",
             base_env=host_env(extra_env), node_allocatable=self._capacity(), backoff_base=backoff_base,
@@ -119,9 +97,15 @@ class LocalNode:
             runner.join(timeout=30)
 
     def join(self, timeout: float = 10.0) -> None:
-        """Wait for the heartbeat and watch threads (call after ``stop()``)."""
+        """Wait for the heartbeat and watch threads (call after ``stop()``), release the pod IPs."""
         for thread in self._threads:
             thread.join(timeout=timeout)
+        self.network.close()
+
+    @property
+    def pod_ips_routable(self) -> bool:
+        """True when pod IPs are ordinary addresses that EndpointSlices accept (see network.py)."""
+        return self.network.routable
 
     def runner_count(self) -> int:
         """Pods currently owned by the harness (tests use it to check cleanup)."""
@@ -236,11 +220,11 @@ class LocalNode:
         with self._lock:
             if self._stop.is_set():  # stop() has already collected the runners to kill
                 return
-            runner = PodRunner(pod, self.ips.take(), self._settings, self._runner_exited)
+            runner = PodRunner(pod, self.network.take(), self._settings, self._runner_exited)
             self._runners[runner.uid] = runner
             runner.start()
 
     def _runner_exited(self, runner: PodRunner) -> None:
         with self._lock:
             self._runners.pop(runner.uid, None)
-        self.ips.give_back(runner.pod_ip)
+        self.network.give_back(runner.pod_ip)
