@@ -24,19 +24,26 @@ log = logging.getLogger(__name__)
 class Client(Protocol):
     """What reconcile needs from the API server (implemented by client.KubeClient)."""
 
-    def get_pool(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def get_pool(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pool, or None when it does not exist."""
 
-    def patch_pool_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]: ...
+    def patch_pool_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """Merge-patch the pool's status subresource."""
 
-    def apply(self, manifest: dict[str, Any]) -> dict[str, Any]: ...
+    def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply one object; returns it as stored."""
 
-    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """One object, or None."""
 
-    def delete(self, kind: str, namespace: str, name: str, uid: str) -> None: ...
+    def delete(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        """Delete one object if its uid still matches."""
 
-    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """Pods matching a label selector."""
 
-    def post_event(self, obj: dict[str, Any], event: status.Event) -> None: ...
+    def post_event(self, obj: dict[str, Any], event: status.Event) -> None:
+        """Post an Event about obj (best effort)."""
 
 
 @dataclass(frozen=True)

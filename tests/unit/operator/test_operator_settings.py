@@ -1,0 +1,49 @@
+"""Operator settings: ENCODERPOOL_OPERATOR_* env, CLI flags on top, clear refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from encoderpool_operator.cli import build_parser
+from encoderpool_operator.settings import OperatorSettings, SettingsError, load_settings
+
+pytestmark = pytest.mark.unit
+
+
+def test_defaults_watch_all_namespaces() -> None:
+    settings = load_settings(env={})
+    assert settings.clusterwide and settings.namespaces == []
+    assert settings.field_manager == "encoderpool-operator" and settings.resync_seconds == 60
+
+
+def test_env_is_parsed() -> None:
+    settings = load_settings(env={
+        "ENCODERPOOL_OPERATOR_NAMESPACES": " ml, cv ,",
+        "ENCODERPOOL_OPERATOR_RESYNC_SECONDS": "30",
+        "ENCODERPOOL_OPERATOR_DEFAULT_IMAGE": "r/e:1",
+        "ENCODERPOOL_OPERATOR_LOG_LEVEL": "debug",
+    })
+    assert settings.namespaces == ["ml", "cv"] and not settings.clusterwide
+    assert (settings.resync_seconds, settings.default_image, settings.log_level) == (30, "r/e:1", "debug")
+
+
+def test_flags_win_over_env() -> None:
+    args = vars(build_parser().parse_args(["-n", "a", "--namespace", "b", "--resync-seconds", "15"]))
+    settings = load_settings(cli=args, env={"ENCODERPOOL_OPERATOR_RESYNC_SECONDS": "30",
+                                            "ENCODERPOOL_OPERATOR_NAMESPACES": "z"})
+    assert settings.namespaces == ["a", "b"] and settings.resync_seconds == 15
+
+
+def test_a_bad_value_names_the_variable_and_the_bound() -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(env={"ENCODERPOOL_OPERATOR_RESYNC_SECONDS": "1"})
+    assert "ENCODERPOOL_OPERATOR_RESYNC_SECONDS / --resync-seconds" in str(caught.value)
+    assert "ge 5" in str(caught.value)
+
+
+def test_every_setting_has_a_flag_and_a_docstring() -> None:
+    parser = build_parser()
+    dests = {a.dest for a in parser._actions}
+    for name, info in OperatorSettings.model_fields.items():
+        assert name in dests, name
+        assert info.description, name
