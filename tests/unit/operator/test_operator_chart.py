@@ -1,0 +1,196 @@
+"""The Helm chart: its CRD copy, its values contract, and what it renders.
+
+The rendering tests run the real helm (built from its Go module by hack/build-control-plane.sh
+and cached outside the repo; found through $ENCODERPOOL_HELM or the control-plane env file) and
+are integration tests. They skip, saying why, when helm has not been built yet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from encoderpool_operator import rbac
+from encoderpool_operator.settings import ENV_PREFIX, OperatorSettings
+
+CHART = Path(__file__).resolve().parents[3] / "charts" / "encoderpool-operator"
+DEFAULT_KUBE_VERSION = "1.35.4"
+
+
+def control_plane_env() -> dict[str, str]:
+    """KEY=VALUE lines of the env file the control-plane build writes (empty if not built)."""
+    cache = Path(os.environ.get("ENCODERPOOL_CACHE") or Path.home() / ".cache" / "encoderpool")
+    path = cache / "bin" / "control-plane.env"
+    if not path.is_file():
+        return {}
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line and not line.startswith("#"))
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    """Path of the helm binary, or skip."""
+    path = os.environ.get("ENCODERPOOL_HELM") or control_plane_env().get("HELM", "")
+    if not path or not os.access(path, os.X_OK):
+        pytest.skip("helm is not built yet: run `make control-plane` (or set ENCODERPOOL_HELM)")
+    return path
+
+
+def kube_version() -> str:
+    # The locally built helm has no default Kubernetes version stamped in (it says v1.20), and
+    # the chart requires >= 1.30: render for the version the control plane runs.
+    return control_plane_env().get("K8S_VERSION", DEFAULT_KUBE_VERSION).lstrip("v")
+
+
+def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm, *args, "--kube-version", kube_version()], capture_output=True, text=True, timeout=60)
+
+
+def render(helm: str, *sets: str, release: str = "encpool", strings: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+    """helm template -> {kind: object} (the chart renders one object of each kind)."""
+    args = ["template", release, str(CHART), "--namespace", "ops"]
+    for s in sets:
+        args += ["--set", s]
+    for s in strings:
+        args += ["--set-string", s]
+    done = run_helm(helm, *args)
+    assert done.returncode == 0, done.stderr
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    by_kind = {d["kind"]: d for d in docs}
+    assert len(by_kind) == len(docs)
+    return by_kind
+
+
+def rules_of(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+def expected_rules(namespaced: bool) -> set[tuple[str, str, str]]:
+    table = rbac.RULES + (rbac.NAMESPACED_MODE_RULES if namespaced else ())
+    return {(r.group, r.resource, v) for r in table for v in r.verbs}
+
+
+@pytest.mark.unit
+def test_chart_crd_is_byte_identical_to_the_top_level_crd() -> None:
+    name = "encoderpools.encoderpool.io.yaml"
+    assert (CHART / "crds" / name).read_bytes() == (CHART.parents[1] / "crds" / name).read_bytes(), (
+        "copy crds/ into charts/encoderpool-operator/crds/"
+    )
+
+
+@pytest.mark.unit
+def test_default_values_satisfy_the_schema_which_refuses_unknown_keys() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    jsonschema.Draft7Validator(schema).validate(values)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft7Validator(schema).validate({**values, "resyncSecond": 5})
+
+    def closed(node: dict[str, Any], path: str) -> None:
+        if "properties" in node:
+            assert node.get("additionalProperties") is False, f"{path} accepts unknown keys"
+            for key, child in node["properties"].items():
+                closed(child, f"{path}.{key}")
+        if isinstance(node.get("items"), dict):
+            closed(node["items"], f"{path}[]")
+
+    closed(schema, "values")
+    for name, definition in schema.get("definitions", {}).items():
+        closed(definition, name)
+
+
+@pytest.mark.unit
+def test_every_value_is_documented_with_an_example_or_a_choice() -> None:
+    text = (CHART / "values.yaml").read_text()
+    values = yaml.safe_load(text)
+    for key in values:
+        block = re.search(rf"((?:^ *#.*\n)+)^{re.escape(key)}:", text, re.M)
+        nested = re.search(rf"^{re.escape(key)}:\n((?: +.*\n)+)", text, re.M)
+        documented = block or (nested and "# --" in nested.group(1))
+        assert documented, f"values.yaml: {key} has no comment"
+
+
+@pytest.mark.integration
+def test_helm_lint_strict(helm: str) -> None:
+    done = run_helm(helm, "lint", "--strict", str(CHART))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.integration
+def test_default_render(helm: str) -> None:
+    objs = render(helm)
+    assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment"}
+    deploy = objs["Deployment"]
+    assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == objs["ServiceAccount"]["metadata"]["name"]
+    (container,) = pod["containers"]
+    assert container["image"] == "encoderpool/encoderpool-operator:0.1.0"
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    for name in env:
+        assert name.removeprefix(ENV_PREFIX).lower() in OperatorSettings.model_fields, name
+    assert env["ENCODERPOOL_OPERATOR_NAMESPACES"] == ""
+    settings = OperatorSettings(**{k.removeprefix(ENV_PREFIX).lower(): v for k, v in env.items() if v})
+    assert settings.clusterwide and settings.liveness_port == container["ports"][0]["containerPort"]
+    assert rules_of(objs["ClusterRole"]) == expected_rules(namespaced=False)
+    subject = objs["ClusterRoleBinding"]["subjects"][0]
+    assert (subject["name"], subject["namespace"]) == (objs["ServiceAccount"]["metadata"]["name"], "ops")
+
+
+@pytest.mark.integration
+def test_non_default_render(helm: str) -> None:
+    objs = render(
+        helm,
+        "watchNamespaces={ml,cv}",
+        "image.repository=registry.example.com/op",
+        "image.tag=1.2.3",
+        "serviceAccount.create=false",
+        "serviceAccount.name=shared",
+        "resyncSeconds=30",
+        "nodeSelector.kubernetes\\.io/os=linux",
+        "tolerations[0].key=dedicated,tolerations[0].operator=Exists",
+        strings=("extraEnv[0].name=ENCODERPOOL_OPERATOR_WAIT_SECONDS", "extraEnv[0].value=10"),
+    )
+    assert "ServiceAccount" not in objs
+    pod = objs["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["ENCODERPOOL_OPERATOR_NAMESPACES"] == "ml,cv" and env["ENCODERPOOL_OPERATOR_WAIT_SECONDS"] == "10"
+    assert env["ENCODERPOOL_OPERATOR_RESYNC_SECONDS"] == "30"
+    assert container["image"] == "registry.example.com/op:1.2.3"
+    assert pod["serviceAccountName"] == "shared" and pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+    assert rules_of(objs["ClusterRole"]) == expected_rules(namespaced=True)
+    assert objs["ClusterRoleBinding"]["subjects"][0]["name"] == "shared"
+
+
+@pytest.mark.integration
+def test_rbac_can_be_left_to_someone_else(helm: str) -> None:
+    objs = render(helm, "rbac.create=false")
+    assert "ClusterRole" not in objs and "ClusterRoleBinding" not in objs
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("value", ["bogus=1", "image.tagg=1", "logLevel=verbose", "resyncSeconds=1", "livenessPort=80"])
+def test_an_unknown_or_bad_value_fails(helm: str, value: str) -> None:
+    done = run_helm(helm, "template", "encpool", str(CHART), "--set", value)
+    assert done.returncode != 0
+    assert "values don't meet the specifications of the schema" in done.stderr or "schema" in done.stderr
+
+
+@pytest.mark.integration
+def test_long_release_names_are_cut_to_63(helm: str) -> None:
+    objs = render(helm, release="r" * 53)
+    for obj in objs.values():
+        assert len(obj["metadata"]["name"]) <= 63 and not obj["metadata"]["name"].endswith("-")
+        for value in obj["metadata"]["labels"].values():
+            assert len(value) <= 63
