@@ -116,12 +116,13 @@ class LocalNode:
 
     def _heartbeat_loop(self) -> None:
         with self._api() as api:
-            uid = api.get(path_for("v1", "nodes", name=self.name))["metadata"]["uid"]
             while not self._stop.wait(HEARTBEAT_SECONDS):
                 try:
+                    uid = api.get(path_for("v1", "nodes", name=self.name))["metadata"]["uid"]
                     self._heartbeat(api, uid)
                 except (ApiError, httpx.HTTPError) as err:
-                    log.warning("local node: heartbeat failed: %s", err)
+                    if not self._stop.is_set():  # errors while the API server stops are expected
+                        log.warning("local node: heartbeat failed: %s", err)
 
     def _heartbeat(self, api: ApiClient, node_uid: str) -> None:
         """Renew the node Lease and report Ready with a fresh heartbeat time."""
