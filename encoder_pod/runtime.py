@@ -200,6 +200,7 @@ class EncoderRuntime:
             future=loop.create_future(),
             admitted_at=time.monotonic(),
             on_release=self._release_admission,
+            deadline=deadline,
         )
         assert self._scheduler is not None
         self._scheduler.submit(entry)
@@ -213,13 +214,9 @@ class EncoderRuntime:
         try:
             return await asyncio.wait_for(entry.future, max(deadline - time.monotonic(), 0))
         except TimeoutError:
-            entry.drop_reason = "timeout"
             raise RequestTimeout(
                 f"request {entry.request.req_id!r} timed out after {self.settings.req_timeout}s (ENCODER_REQ_TIMEOUT)"
             ) from None
-        except asyncio.CancelledError:
-            entry.drop_reason = "client_gone"
-            raise
 
     async def _load_items(self, request: EncodeRequest, adapter: EncoderAdapter) -> list[tuple[MediaItem, int]]:
         loop = asyncio.get_running_loop()

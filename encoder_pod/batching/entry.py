@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -22,7 +24,7 @@ class PendingEntry:
     future: asyncio.Future[EncodedPart]
     admitted_at: float
     on_release: Callable[[], None] = lambda: None
-    drop_reason: str = "cancelled"
+    deadline: float = math.inf
     _released: bool = field(default=False, repr=False)
 
     @property
@@ -34,6 +36,11 @@ class PendingEntry:
     def tokens(self) -> int:
         """Output rows this request adds to a batch's budget."""
         return sum(self.item_tokens)
+
+    @property
+    def drop_reason(self) -> str:
+        """Why a dead entry was abandoned: its deadline passed, or its caller went away."""
+        return "timeout" if time.monotonic() >= self.deadline else "client_gone"
 
     @property
     def alive(self) -> bool:
