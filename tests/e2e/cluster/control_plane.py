@@ -68,7 +68,11 @@ class Cluster:
         self.ports = components.Ports.pick()
         self.server = f"https://127.0.0.1:{self.ports.apiserver}"
         self.kubeconfig = self.workdir / "kubeconfig"
-        self.pki = create_pki(self.workdir / "pki")
+        try:
+            self.pki = create_pki(self.workdir / "pki")
+        except BaseException:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            raise
         self.token = self.pki.admin_token
         self.ca_file = self.pki.ca_cert
         self.local_node: LocalNode | None = None
