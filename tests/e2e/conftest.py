@@ -20,10 +20,13 @@ from tests.e2e.cluster.procs import pid_alive
 def k8s_cluster() -> Iterator[Cluster]:
     """A running cluster: ``.kubeconfig``, ``.token``, ``.server``, ``.ca_file``, ``.api()``,
     ``.kubectl(...)``, ``.helm(...)``, ``.create_namespace(...)``, ``.local_node``."""
+    missing = None
     try:
         binaries = load_binaries()
     except MissingBinaries as err:
-        pytest.fail(str(err), pytrace=False)
+        missing = str(err)
+    if missing is not None:  # failed outside the except block: the message alone, no chained traceback
+        pytest.fail(missing, pytrace=False)
     cluster = Cluster(binaries, ClusterOptions())
     cluster.start()
     try:

@@ -62,7 +62,7 @@ def load_binaries() -> Binaries:
     if not path.is_file():
         raise MissingBinaries(
             f"the local Kubernetes control plane is not built ({path} is missing).\n"
-            f"Build it once (cached outside the repo, ~10-30 min cold): {BUILD_COMMAND}"
+            f"Build it once (cached outside the repo; 7-15 min cold on 2 cores): {BUILD_COMMAND}"
         )
     values = parse_env_file(path.read_text())
     keys = {
