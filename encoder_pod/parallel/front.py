@@ -29,6 +29,7 @@ from encoder_pod.errors import (
     ShuttingDown,
     WorkerDied,
 )
+from encoder_pod.parallel.affinity import ReqAffinity
 from encoder_pod.parallel.ipc import IpcDir
 from encoder_pod.parallel.messages import (
     Call,
@@ -47,11 +48,11 @@ from encoder_pod.parallel.messages import (
 )
 from encoder_pod.parallel.placement import plan, usable_cpus
 from encoder_pod.parallel.ranked_metrics import DataParallelMetrics, edge_metrics, merge
-from encoder_pod.parallel.registrations import EarlyRegistrations
 from encoder_pod.parallel.router import NoWorker, Router
 from encoder_pod.parallel.supervisor import RankState, Supervisor, WorkerHandle
 from encoder_pod.protocol import EncodeRequest, parse_encode_request
-from encoder_pod.settings import EncoderSettings, SettingsError
+from encoder_pod.settings import EncoderSettings, SettingsError, TransferBackend
+from encoder_pod.transfer.receive_urls import parse_registration
 
 log = logging.getLogger(__name__)
 
@@ -89,14 +90,12 @@ class DataParallelFront:
                 settings.dp_worker_max_inflight, settings.max_batch_size,
             )
         self._router = Router(settings.dp_size, settings.dp_worker_max_inflight)
-        self._early = EarlyRegistrations(settings.max_queue, settings.req_timeout)
-        self._owner: dict[str, int] = {}
-        """req_id -> rank of every routed request still in flight."""
+        self._sticky = settings.encoder_transfer_backend is TransferBackend.ZMQ_TO_SCHEDULER
+        self._affinity = ReqAffinity(4 * settings.max_queue, settings.req_timeout + settings.send_timeout)
         self._inflight: set[str] = set()
         self._admitted = 0
         self._stopping = False
         self._call_ids = itertools.count(1)
-        self._background: set[asyncio.Task[Any]] = set()
         self._ipc: IpcDir | None = None
         self._zctx: zmq.asyncio.Context | None = None
         self._results: zmq.asyncio.Socket | None = None
@@ -140,8 +139,6 @@ class DataParallelFront:
         if self._recv_task is not None:
             self._recv_task.cancel()
             await asyncio.gather(self._recv_task, return_exceptions=True)
-        for task in list(self._background):
-            task.cancel()
         if self._results is not None:
             self._results.close(0)
         if self._zctx is not None:
@@ -270,16 +267,14 @@ class DataParallelFront:
         self._inflight.add(request.req_id)
         self._admitted += 1
         try:
-            rank = await self._acquire(deadline)
-            self._owner[request.req_id] = rank
+            bound = self._affinity.get(request.req_id) if self._sticky else None
+            rank = bound if bound is not None and self._router.take(bound) else await self._acquire(deadline)
+            if self._sticky:
+                self._affinity.bind(request.req_id, rank)
             try:
-                handle = self._handles()[rank]
                 self._dp_metrics.routed.labels(rank=str(rank)).inc()
-                for payload in self._early.take(request.req_id):
-                    self._forward_registration(handle, payload)
-                result, extra = await self._call(handle, msg.call_id, frames, deadline + BACKSTOP_S)
+                result, extra = await self._call(self._handles()[rank], msg.call_id, frames, deadline + BACKSTOP_S)
             finally:
-                self._owner.pop(request.req_id, None)
                 self._router.release(rank)
         finally:
             self._inflight.discard(request.req_id)
@@ -351,28 +346,22 @@ class DataParallelFront:
         return await self._fan_out(ControlOp.STOP_PROFILE, lambda rank: {})
 
     async def register_receive_url(self, payload: dict[str, Any]) -> None:
-        """Hand a receive URL to the worker running its request, or keep it until it is routed."""
-        req_id = payload.get("req_id")
-        if not isinstance(req_id, str) or not req_id:
-            raise InvalidRequest("field 'req_id': required, a non-empty string")
-        rank = self._owner.get(req_id)
-        if rank is None:
-            self._early.add(req_id, payload)
+        """Hand a receive URL to the worker that runs (or will run, or ran) its request."""
+        if not self._sticky:
+            # Not a zmq_to_scheduler pod: any worker refuses it with the single-process message.
+            rank = self._router.pick(full_ok=True)
+            if rank is None:
+                raise self._no_worker()
+            await self._control(self._handles()[rank], ControlOp.RECEIVE_URL, payload, self.settings.send_timeout)
             return
+        registration = parse_registration(payload)  # a malformed body never reaches a worker
+        rank = self._affinity.get(registration.req_id)
+        if rank is None or not self._router.is_ready(rank):
+            rank = self._router.pick(full_ok=True)
+            if rank is None:
+                raise self._no_worker()
+        self._affinity.bind(registration.req_id, rank)
         await self._control(self._handles()[rank], ControlOp.RECEIVE_URL, payload, self.settings.send_timeout)
-
-    def _forward_registration(self, handle: WorkerHandle, payload: dict[str, Any]) -> None:
-        """Send an early registration ahead of its request (same socket, so it arrives first)."""
-
-        async def forward() -> None:
-            try:
-                await self._control(handle, ControlOp.RECEIVE_URL, payload, self.settings.send_timeout)
-            except EncoderError as err:
-                log.warning("receive URL for %r not registered on worker %d: %s", payload.get("req_id"), handle.rank, err.message)
-
-        task = asyncio.get_running_loop().create_task(forward())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     # --- metrics and info -------------------------------------------------------------------
     def metrics_text(self) -> bytes:

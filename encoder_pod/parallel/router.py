@@ -50,17 +50,27 @@ class Router:
         if ready:
             self._wake()
 
-    def pick(self) -> int | None:
-        """The ready rank with the fewest pending requests below the limit; ties round-robin."""
+    def pick(self, full_ok: bool = False) -> int | None:
+        """The ready rank with the fewest pending requests below the limit; ties round-robin.
+
+        ``full_ok`` lifts the limit (a choice that takes no slot, such as where a registration goes).
+        """
         best: int | None = None
         n = len(self.pending)
         for step in range(n):
             rank = (self._cursor + step) % n
-            if not self._ready[rank] or self.pending[rank] >= self._max:
+            if not self._ready[rank] or (self.pending[rank] >= self._max and not full_ok):
                 continue
             if best is None or self.pending[rank] < self.pending[best]:
                 best = rank
         return best
+
+    def take(self, rank: int) -> bool:
+        """Hold a slot on this very rank, over its limit if need be (req_id affinity); False if down."""
+        if not self._ready[rank]:
+            return False
+        self._take(rank)
+        return True
 
     def _take(self, rank: int) -> int:
         self.pending[rank] += 1

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from encoder_pod.errors import Overloaded
 from encoder_pod.parallel.ranked_metrics import DataParallelMetrics, edge_metrics, merge, replica_metrics
-from encoder_pod.parallel.registrations import EarlyRegistrations
 
 pytestmark = pytest.mark.unit
 
@@ -57,16 +53,3 @@ def test_edge_families_only_in_front_and_replica_families_only_in_workers():
     assert "encoder_request_seconds" in front and "encoder_batch_size" not in front
     assert "encoder_request_seconds" not in worker and "encoder_requests_total" not in worker
     assert "encoder_batch_size" in worker
-
-
-def test_early_registrations_are_bounded_and_expire():
-    early = EarlyRegistrations(limit=2, ttl_s=0.05)
-    early.add("a", {"receive_url": "h:1"})
-    early.add("a", {"receive_url": "h:2"})
-    early.add("b", {"receive_url": "h:3"})
-    with pytest.raises(Overloaded):
-        early.add("c", {})
-    assert [p["receive_url"] for p in early.take("a")] == ["h:1", "h:2"] and early.take("a") == []
-    time.sleep(0.06)
-    early.add("c", {})  # "b" expired, so there is room
-    assert early.take("b") == [] and len(early) == 1

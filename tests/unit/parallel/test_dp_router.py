@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
+from encoder_pod.parallel.affinity import ReqAffinity
 from encoder_pod.parallel.router import NoWorker, Router
 
 pytestmark = pytest.mark.unit
@@ -100,3 +102,24 @@ def test_cancelled_waiter_leaks_no_slot_and_fail_waiters_answers_all():
         assert router.pending == [0]
 
     asyncio.run(scenario())
+
+
+def test_take_pins_a_rank_over_its_limit_but_never_a_dead_one():
+    router = _ready(2, limit=1)
+    assert router.take(1) and router.take(1) and router.pending == [0, 2]
+    assert router.pick() == 0 and router.pick(full_ok=True) == 0
+    router.set_ready(0, False)
+    assert not router.take(0) and router.pick() is None and router.pick(full_ok=True) == 1
+
+
+def test_affinity_is_bounded_and_expires():
+    affinity = ReqAffinity(limit=2, ttl_s=0.05)
+    affinity.bind("a", 1)
+    affinity.bind("b", 0)
+    affinity.bind("a", 1)  # rebinding refreshes, so "b" is now the oldest
+    affinity.bind("c", 0)
+    assert (affinity.get("a"), affinity.get("b"), affinity.get("c")) == (1, None, 0) and len(affinity) == 2
+    time.sleep(0.06)
+    assert affinity.get("a") is None
+    affinity.bind("d", 1)
+    assert len(affinity) == 1
