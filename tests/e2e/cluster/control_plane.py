@@ -35,6 +35,7 @@ from .procs import ManagedProcess, Reaper
 log = logging.getLogger(__name__)
 
 STOP_GRACE_SECONDS = 2.0
+PORT_ATTEMPTS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +151,19 @@ class Cluster:
         self._reaper = Reaper()
         began = time.monotonic()
         try:
-            self._start_control_plane()
+            for attempt in range(PORT_ATTEMPTS):
+                try:
+                    self._start_control_plane()
+                    break
+                except ComponentFailed as err:
+                    # Free ports are picked, then released, then bound by the components: another
+                    # process may take one in between. Rare; retry with fresh ports.
+                    if "address already in use" not in str(err) or attempt == PORT_ATTEMPTS - 1:
+                        raise
+                    log.warning("local cluster: a port was taken meanwhile, retrying: %s", err)
+                    self._stop_processes()
+                    self.ports = components.Ports.pick()
+                    self.server = f"https://127.0.0.1:{self.ports.apiserver}"
             self._register_nodes()
         except BaseException:
             self.stop()
@@ -219,6 +232,13 @@ class Cluster:
                                                                    self.options.pod_network))
             self.local_node.start()
 
+    def _stop_processes(self) -> None:
+        """Stop components in reverse start order and forget them."""
+        for name in reversed(list(self._procs)):
+            # Short grace: the data is thrown away, and kube-apiserver's graceful termination
+            # otherwise waits seconds for clients' open watches to go away.
+            self._procs.pop(name).stop(grace=STOP_GRACE_SECONDS)
+
     def stop(self) -> None:
         """Stop pods, then components in reverse start order; idempotent."""
         if self._stopped:
@@ -229,10 +249,7 @@ class Cluster:
             if self.local_node is not None:
                 self.local_node.stop()
         finally:
-            for name in reversed(list(self._procs)):
-                # Short grace: the data is thrown away, and kube-apiserver's graceful termination
-                # otherwise waits seconds for clients' open watches to go away.
-                self._procs[name].stop(grace=STOP_GRACE_SECONDS)
+            self._stop_processes()
             if self.local_node is not None:
                 self.local_node.join()  # its watch ends now that the API server is gone
             if self._reaper is not None:
