@@ -42,7 +42,12 @@ venv: $(VENV)/.installed
 model: venv
 	@test -f $(MODEL)/config.json || $(VENV)/bin/encoder-pod make-tiny-model --arch $(MODEL_ARCH) --out $(MODEL)
 
+DEMO_PNG := iVBORw0KGgoAAAANSUhEUgAAACAAAAAgCAIAAAD8GO2jAAAAKklEQVR42u3NMQEAAAQAMATRP4pYSvBtBZbTHZ8qngkEAoFAIBAIBIIrC+AFAUQz669uAAAAAElFTkSuQmCC
+
 run: model
+	@echo ">> serving $(MODEL) on http://$(HOST):$(PORT) (Ctrl-C stops). Once 'encoder ready' shows, in another shell:"
+	@echo "   curl -s http://$(HOST):$(PORT)/encode -H 'content-type: application/json' -d '{\"req_id\":\"demo-1\",\"modality\":\"IMAGE\",\"mm_items\":[\"data:image/png;base64,$(DEMO_PNG)\"]}' | head -c 300; echo"
+	@echo "   curl -s http://$(HOST):$(PORT)/metrics | grep -E '^encoder_(batch_size|requests)'"
 	$(VENV)/bin/encoder-pod serve --model-path $(MODEL) --host $(HOST) --port $(PORT)
 
 control-plane:
