@@ -10,6 +10,7 @@ the operator is down); the periodic resync is therefore the engine's own task, n
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -33,6 +34,9 @@ WATCHED_CHILDREN = (
     ("", "v1", "pods"),
 )
 FORBIDDEN_RETRY_SECONDS = 60.0
+# The StatefulSet controller usually observes a write within a second: look once more before
+# handing the wait to kopf, whose retry is logged as an error.
+SETTLE_SECONDS = 1.0
 
 
 def to_kopf(exc: errors.OperatorError, settings: OperatorSettings) -> Exception:
@@ -78,6 +82,9 @@ def build_registry(engine: Engine) -> kopf.OperatorRegistry:
     async def reconcile_pool(namespace: str, name: str, **_: Any) -> None:
         try:
             outcome = await engine.reconcile(namespace, name)
+            if outcome.waiting:
+                await asyncio.sleep(SETTLE_SECONDS)
+                outcome = await engine.reconcile(namespace, name)
         except errors.OperatorError as exc:
             raise to_kopf(exc, settings) from exc
         raise_for(outcome, settings)

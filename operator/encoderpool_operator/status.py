@@ -26,6 +26,8 @@ SCALING = "Scaling"
 STARTING = "Starting"
 WAITING_FOR_STATEFULSET = "WaitingForStatefulSet"
 WARNING_REASONS = frozenset({INVALID_SPEC, APPLY_FAILED, *podstate.SEVERITY})
+# Shown in status but not worth an Event: the StatefulSet controller catches up within a second.
+QUIET_REASONS = frozenset({WAITING_FOR_STATEFULSET})
 
 
 @dataclass(frozen=True)
@@ -201,8 +203,8 @@ def merge_patch(previous: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]
 
 def transitions(previous: dict[str, Any], new: dict[str, Any]) -> list[Event]:
     """Events for a change of the pool's top-level reason (one per transition, never per resync)."""
-    if previous.get("reason") == new.get("reason"):
-        return []
     reason = str(new.get("reason") or "Unknown")
+    if previous.get("reason") == reason or reason in QUIET_REASONS:
+        return []
     kind = "Warning" if reason in WARNING_REASONS else "Normal"
     return [Event(kind, reason, str(new.get("message") or ""))]

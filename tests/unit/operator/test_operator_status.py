@@ -143,6 +143,7 @@ def test_merge_patch() -> None:
         ({"reason": "Ready"}, {"reason": "Unschedulable", "message": "q"}, [status.Event("Warning", "Unschedulable", "q")]),
         ({"reason": "Ready"}, {"reason": "InvalidSpec", "message": "x"}, [status.Event("Warning", "InvalidSpec", "x")]),
         ({"reason": "Ready", "message": "a"}, {"reason": "Ready", "message": "b"}, []),
+        ({"reason": "Ready"}, {"reason": "WaitingForStatefulSet", "message": "w"}, []),
     ],
 )
 def test_events_on_transitions_only(before: dict[str, Any], after: dict[str, Any], events: list[status.Event]) -> None:
