@@ -36,20 +36,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     began = time.monotonic()
-    with cluster:
-        print(f"\nlocal cluster ready in {time.monotonic() - began:.1f}s ({cluster.binaries.k8s_version})\n"
-              f"  export KUBECONFIG={cluster.kubeconfig}\n"
-              f"  kubectl: {cluster.binaries.kubectl}\n"
-              f"  helm:    {cluster.binaries.helm}\n"
-              f"  API server {cluster.server}, admin token in the kubeconfig\n"
-              f"  logs: {cluster.workdir / 'logs'}\n"
-              f"  pids: {json.dumps(cluster.pids())}\n"
-              "Ctrl-C stops it.", flush=True)
-        try:
+    try:
+        # Ctrl-C can come at any point, even during start or the banner: the context manager
+        # stops whatever is running, and the interrupt is an ordinary, successful way out.
+        with cluster:
+            print(f"\nlocal cluster ready in {time.monotonic() - began:.1f}s ({cluster.binaries.k8s_version})\n"
+                  f"  export KUBECONFIG={cluster.kubeconfig}\n"
+                  f"  kubectl: {cluster.binaries.kubectl}\n"
+                  f"  helm:    {cluster.binaries.helm}\n"
+                  f"  API server {cluster.server}, admin token in the kubeconfig\n"
+                  f"  logs: {cluster.workdir / 'logs'}\n"
+                  f"  pids: {json.dumps(cluster.pids())}\n"
+                  "Ctrl-C stops it.", flush=True)
             while True:
                 time.sleep(3600)
-        except KeyboardInterrupt:
-            print("\nstopping...", flush=True)
+    except KeyboardInterrupt:
+        print("\nstopped.", flush=True)
     return 0
 
 
