@@ -92,13 +92,14 @@ def test_restricted_namespace_rejects_a_privileged_pod_and_admits_a_hardened_one
 def test_rbac_is_enforced_for_service_account_tokens(k8s_cluster: Cluster, namespace: str) -> None:
     k8s_cluster.kubectl("-n", namespace, "create", "serviceaccount", "nobody")
     token = k8s_cluster.kubectl("-n", namespace, "create", "token", "nobody").stdout.strip()
-    denied = k8s_cluster.kubectl("--token", token, "-n", namespace, "get", "pods", check=False)
+    as_nobody = str(k8s_cluster.kubeconfig_for_token(token, "nobody"))
+    denied = k8s_cluster.kubectl("--kubeconfig", as_nobody, "-n", namespace, "get", "pods", check=False)
     assert denied.returncode != 0
     assert "Forbidden" in denied.stderr
     k8s_cluster.kubectl("-n", namespace, "create", "role", "pod-reader", "--verb=list", "--resource=pods")
     k8s_cluster.kubectl("-n", namespace, "create", "rolebinding", "nobody-reads", "--role=pod-reader",
                         f"--serviceaccount={namespace}:nobody")
-    allowed = k8s_cluster.kubectl("--token", token, "-n", namespace, "get", "pods", check=False)
+    allowed = k8s_cluster.kubectl("--kubeconfig", as_nobody, "-n", namespace, "get", "pods", check=False)
     assert allowed.returncode == 0, allowed.stderr
 
 

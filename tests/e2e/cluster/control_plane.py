@@ -116,6 +116,11 @@ class Cluster:
         """``helm ARGS`` with the admin kubeconfig."""
         return self.run_tool(self.binaries.helm, *args, **kwargs)
 
+    def kubeconfig_for_token(self, token: str, name: str) -> Path:
+        """A kubeconfig for another identity (e.g. ``kubectl create token`` of a ServiceAccount),
+        so code under test runs with exactly that identity's RBAC, not the admin's."""
+        return write_kubeconfig(self.workdir / f"kubeconfig-{name}", self.server, self.ca_file, token, name)
+
     def pids(self) -> dict[str, int]:
         """PIDs of every process this cluster started (components, reaper), by name."""
         pids = {name: proc.pid for name, proc in self._procs.items()}
