@@ -25,7 +25,7 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     Rule(names.GROUP, names.PLURAL, ("get", "list", "watch", "patch"),
          "kopf watches pools and keeps its progress in their annotations; reconcile reads each pool afresh"),
-    Rule(names.GROUP, f"{names.PLURAL}/status", ("get", "patch"), "status is written only through the subresource"),
+    Rule(names.GROUP, f"{names.PLURAL}/status", ("patch",), "status is written only through the subresource"),
     Rule(names.GROUP, f"{names.PLURAL}/finalizers", ("update",),
          "children carry blockOwnerDeletion, which OwnerReferencesPermissionEnforcement checks against this"),
     Rule("apps", "statefulsets", ("get", "list", "watch", "create", "patch"),
@@ -33,7 +33,7 @@ RULES: tuple[Rule, ...] = (
     Rule("", "services", ("get", "list", "watch", "create", "patch"), "the headless Service, same as the StatefulSet"),
     Rule("policy", "poddisruptionbudgets", ("get", "list", "watch", "create", "patch", "delete"),
          "the PDB exists only while replicas > 1, so it is also deleted"),
-    Rule("", "pods", ("get", "list", "watch"), "status is computed from the pods; pod events trigger a status refresh"),
+    Rule("", "pods", ("list", "watch"), "status is computed from the pods; pod events trigger a status refresh"),
     Rule("", "events", ("create",), "Events on pools, by the operator and by kopf"),
     Rule("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch"),
          "kopf notices when the EncoderPool CRD is installed or removed"),
