@@ -183,3 +183,30 @@ def test_statefulset_on_the_local_node_fills_its_headless_service_endpointslice(
         for i in range(2):
             wait_gone(api, path_for("v1", "pods", namespace, f"web-{i}"), 30)
     assert not any(pid_alive(pid) for pid in pids)
+
+
+def test_missing_command_binary_is_a_start_error_in_back_off(k8s_cluster: Cluster, namespace: str) -> None:
+    with k8s_cluster.api() as api:
+        api.create(path_for("v1", "pods", namespace), local_pod("no-binary", ["/nonexistent/encoder-pod", "serve"]))
+        pod = wait_for_pod(api, namespace, "no-binary",
+                           lambda p: (p["status"].get("containerStatuses") or [{}])[0].get("restartCount", 0) >= 1,
+                           30, "in back-off")
+    status = pod["status"]["containerStatuses"][0]
+    assert status["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+    assert status["lastState"]["terminated"]["reason"] == "StartError"
+    assert "No such file" in status["lastState"]["terminated"]["message"]
+
+
+def test_failing_liveness_probe_restarts_the_container(k8s_cluster: Cluster, namespace: str) -> None:
+    pod = http_server_pod("unlive")
+    pod["spec"]["containers"][0]["livenessProbe"] = {
+        "httpGet": {"path": "/missing", "port": 8080}, "initialDelaySeconds": 1, "periodSeconds": 1,
+        "failureThreshold": 2}
+    with k8s_cluster.api() as api:
+        api.create(path_for("v1", "pods", namespace), pod)
+        pod = wait_for_pod(api, namespace, "unlive",
+                           lambda p: (p["status"].get("containerStatuses") or [{}])[0].get("restartCount", 0) >= 1,
+                           30, "restarted")
+    terminated = pod["status"]["containerStatuses"][0]["lastState"]["terminated"]
+    assert "Liveness probe failed" in terminated["message"]
+    assert terminated["exitCode"] == 143  # SIGTERM, reported as 128 + 15

@@ -26,6 +26,7 @@ from .status import ConditionClock, ContainerView, now_rfc3339, pod_status_patch
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_SECONDS = 300.0
+START_ERROR_CODE = 128  # what the kubelet reports when the runtime could not exec the command
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +155,13 @@ class PodRunner(threading.Thread):
     def _run_to_completion(self, api: ApiClient, init: _Container) -> bool:
         """Run an init container until it exits 0 (retrying unless restartPolicy is Never)."""
         while True:
-            proc = self._spawn(init)
+            try:
+                proc = self._spawn(init)
+            except OSError as err:
+                terminated = init.view.set_terminated(START_ERROR_CODE, f"failed to start: {err}", "StartError")
+                if not self._restart_or_finish(api, init.view, terminated):
+                    return False
+                continue
             self._publish(api)
             while proc.poll() is None:
                 if self._stop_event.wait(0.1):
@@ -174,8 +181,7 @@ class PodRunner(threading.Thread):
             outcome = self._run_once(api)
             if outcome is None:
                 return
-            code, message = outcome
-            terminated = self._main.view.set_terminated(code, message)
+            terminated = self._main.view.set_terminated(*outcome)
             if not self._restart_or_finish(api, self._main.view, terminated):
                 return
 
@@ -196,10 +202,13 @@ class PodRunner(threading.Thread):
         self._publish(api)
         return not self._stop_event.wait(backoff)
 
-    def _run_once(self, api: ApiClient) -> tuple[int, str] | None:
-        """Start the container and probe it until it exits (code, message) or we stop (None)."""
+    def _run_once(self, api: ApiClient) -> tuple[int, str, str] | None:
+        """Start the container and probe it until it exits (code, message, reason) or we stop (None)."""
         spec = self._main.spec
-        proc = self._spawn(self._main)
+        try:
+            proc = self._spawn(self._main)
+        except OSError as err:  # command not found, not executable: the kubelet's StartError
+            return START_ERROR_CODE, f"failed to start: {err}", "StartError"
         begun = time.monotonic()
         workers = {kind: ProbeWorker(probe, begun) for kind in ("startupProbe", "readinessProbe", "livenessProbe")
                    if (probe := parse_probe(spec.get(kind), spec)) is not None}
@@ -210,10 +219,10 @@ class PodRunner(threading.Thread):
         while not self._stop_event.wait(0.1):
             code = proc.poll()
             if code is not None:
-                return _exit_code(code), proc.log_tail(5) if code else ""
+                return _exit_code(code), proc.log_tail(5) if code else "", ""
             failure = self._probe_step(workers)
             if failure:
-                return _exit_code(proc.stop(self._stop_grace())), failure
+                return _exit_code(proc.stop(self._stop_grace())), failure, ""
             self._publish(api)
         proc.stop(self._stop_grace())
         return None

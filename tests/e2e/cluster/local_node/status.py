@@ -37,12 +37,12 @@ class ContainerView:
         self.ready = False
         self.started = False
 
-    def set_terminated(self, exit_code: int, message: str = "") -> dict[str, Any]:
+    def set_terminated(self, exit_code: int, message: str = "", reason: str = "") -> dict[str, Any]:
         """The process exited; returns the terminated state (also used as lastState on restart)."""
         started = self.state.get("running", {}).get("startedAt", now_rfc3339())
         terminated = {
             "exitCode": exit_code,
-            "reason": "Completed" if exit_code == 0 else "Error",
+            "reason": reason or ("Completed" if exit_code == 0 else "Error"),
             "startedAt": started,
             "finishedAt": now_rfc3339(),
             "containerID": self.container_id,
