@@ -6,7 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from encoder_pod.settings import add_settings_arguments, load_settings, model_dir
+from encoder_pod.settings import SettingsError, add_settings_arguments, load_settings, model_dir
+
+EXIT_MODEL_LOAD = 3
+"""Exit code when the model cannot be found: the operator reports such a pod as ModelLoadFailed."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,7 +38,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.arch} ({args.preset}) checkpoint to {args.out}")
         return 0
     settings = load_settings(cli=vars(args))
-    model_dir(settings)
+    try:
+        model_dir(settings)
+    except SettingsError as exc:
+        print(f"encoder-pod: model load failed: {exc}", file=sys.stderr)
+        return EXIT_MODEL_LOAD
     from encoder_pod.server import serve
 
     serve(settings)
