@@ -1,6 +1,6 @@
 """House rules of the operator package, checked on its source (ast, no imports needed).
 
-operator/importlinter-operator.ini states the same layering for lint-imports; this test keeps
+.importlinter states the same layering for lint-imports; this test keeps
 the rule that matters most enforced in the unit tier too.
 """
 
