@@ -93,6 +93,7 @@ def main() -> None:
     data: dict[str, Any] = {"model": f"{args.arch}-moderate", "device": args.device, "machine": machine(),
                             "max_batch_size": max_batch, "server": [], "ceiling": []}
     env = {"ENCODER_MAX_BATCH_SIZE": str(max_batch), "ENCODER_DEVICE": args.device, "ENCODER_MAX_QUEUE": "4096"}
+    # Server and ceiling alternate per concurrency level, so a noisy neighbour hits both alike.
     with EncoderServer(model, env=env) as server:
         body = lambda n: {"req_id": f"bench-{time.monotonic_ns()}-{n}", "modality": "IMAGE", "mm_items": [uris[n % 8]]}  # noqa: E731
         asyncio.run(run_load(server.base_url, body, 4, 16))  # warm-up
@@ -100,11 +101,10 @@ def main() -> None:
             total = max(args.min_requests, c * args.requests_per_client)
             result = asyncio.run(run_load(server.base_url, body, c, total))
             data["server"].append(result)
-            print(f"server   c={c:3d} {result['images_per_s']:7.1f} img/s p50 {result['p50_ms']:7.1f} ms p99 {result['p99_ms']:7.1f} ms")
-    for c in CONCURRENCY:
-        result = ceiling(model, c, max(args.min_requests, c * args.requests_per_client), max_batch, args.device)
-        data["ceiling"].append(result)
-        print(f"ceiling  c={c:3d} {result['images_per_s']:7.1f} img/s p50 {result['p50_ms']:7.1f} ms (batch {result['batch']})")
+            print(f"server   c={c:3d} {result['images_per_s']:7.1f} img/s p50 {result['p50_ms']:7.1f} ms p99 {result['p99_ms']:7.1f} ms", flush=True)
+            result = ceiling(model, c, total, max_batch, args.device)
+            data["ceiling"].append(result)
+            print(f"ceiling  c={c:3d} {result['images_per_s']:7.1f} img/s p50 {result['p50_ms']:7.1f} ms (batch {result['batch']})", flush=True)
     by_c = {r["concurrency"]: r for r in data["server"]}
     ceil = {r["concurrency"]: r for r in data["ceiling"]}
     data["goals"] = {
