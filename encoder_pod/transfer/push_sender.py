@@ -149,6 +149,10 @@ class PushSender:
         self._commands.put(None)
         self._wake()
         await asyncio.to_thread(thread.join, self.linger_ms / 1000 + 5)
+        if thread.is_alive():
+            # Terminating the context under a live socket would block forever: leave it to exit.
+            log.warning("zmq push sender did not stop in time; leaving its sockets to process exit")
+            return
         with self._lock:
             assert self._wake_tx is not None and self._ctx is not None
             self._wake_tx.close(linger=0)

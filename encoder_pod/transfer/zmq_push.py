@@ -16,7 +16,7 @@ import logging
 import time
 from typing import Any
 
-from encoder_pod.errors import EncoderError, InvalidRequest, TransferFailed
+from encoder_pod.errors import EncoderError, InternalError, InvalidRequest, TransferFailed
 from encoder_pod.models.base import EncodedPart
 from encoder_pod.protocol import EncodeRequest
 from encoder_pod.settings import EncoderSettings, TransferBackend
@@ -98,7 +98,10 @@ class ZmqTransfer(Transfer):
         """Push the embedding to every destination; 200 (None) only once all pushes completed."""
         deadline = time.monotonic() + self._timeout
         endpoints = await self._endpoints(request, deadline)
-        frames = self._codec.part_frames(request, part)
+        try:
+            frames = self._codec.part_frames(request, part)
+        except ValueError as exc:
+            raise InternalError(f"embedding of req_id {request.req_id!r} cannot be framed: {exc}", req_id=request.req_id) from None
         failures = await self._push(endpoints, frames, deadline)
         if not failures:
             return None
