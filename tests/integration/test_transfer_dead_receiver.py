@@ -58,7 +58,7 @@ def test_dead_receiver_fails_fast_and_leaks_nothing(tiny_model):
             status, message, elapsed = push(0)
             assert status == 502 and f"127.0.0.1:{dead_ports[0]} accepted no connection" in message
             assert SEND_TIMEOUT <= elapsed < SEND_TIMEOUT + 2
-            list(pool.map(push, range(1, 26)))
+            list(pool.map(push, range(1, 100)))
             before = _settled(pid)
             results = list(pool.map(push, range(200)))
         statuses = {s for s, _, _ in results}
@@ -69,7 +69,10 @@ def test_dead_receiver_fails_fast_and_leaks_nothing(tiny_model):
         assert max(elapsed for _, _, elapsed in results) < SEND_TIMEOUT + 5
         after = _settled(pid)
         print(f"server fds/threads before={before} after={after}")
-        assert after == before, f"fds/threads before {before}, after {after}"
+        assert after[0] == before[0], f"open FDs before {before[0]}, after {after[0]}"
+        # Bounded executors (media, asyncio's default) may still add a lazy worker or two; a leak
+        # would add about one thread per request.
+        assert after[1] - before[1] <= 2, f"threads before {before[1]}, after {after[1]}"
         assert httpx.get(server.base_url + "/health", timeout=30).status_code == 200
         # And a receiver that is up still gets its embedding.
         with EmbeddingReceiver() as rx:
