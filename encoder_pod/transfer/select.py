@@ -6,13 +6,16 @@ prefill servers); one with ``prefill_host`` uses the configured ENCODER_TRANSFER
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from encoder_pod.errors import InvalidRequest
 from encoder_pod.protocol import EncodeRequest
 from encoder_pod.settings import EncoderSettings, TransferBackend
 from encoder_pod.transfer.base import Transfer
 from encoder_pod.transfer.inline import InlineTransfer
+
+if TYPE_CHECKING:
+    from encoder_pod.transfer.zmq_push import ZmqTransfer
 
 
 class TransferRouter:
@@ -21,12 +24,13 @@ class TransferRouter:
     def __init__(self, settings: EncoderSettings) -> None:
         self._settings = settings
         self._inline = InlineTransfer()
-        self._configured: Transfer = self._inline
+        self._zmq: ZmqTransfer | None = None
         if settings.encoder_transfer_backend is not TransferBackend.INLINE:
             # Imported here: an inline-only pod never loads the ZMQ machinery.
             from encoder_pod.transfer.zmq_push import ZmqTransfer
 
-            self._configured = ZmqTransfer(settings, settings.encoder_transfer_backend)
+            self._zmq = ZmqTransfer(settings, settings.encoder_transfer_backend)
+        self._configured: Transfer = self._zmq or self._inline
 
     @property
     def configured(self) -> Transfer:
@@ -35,20 +39,18 @@ class TransferRouter:
 
     def for_request(self, request: EncodeRequest) -> Transfer:
         """The backend that delivers this request's embedding; rejects ports that do not fit it."""
-        if request.prefill_host is None or self._configured is self._inline:
+        if request.prefill_host is None or self._zmq is None:
             return self._inline
-        check = getattr(self._configured, "check", None)
-        if check is not None:
-            check(request)
-        return self._configured
+        self._zmq.check(request)
+        return self._zmq
 
     async def register_receive_url(self, payload: dict[str, Any]) -> None:
         """Forward a receive-URL registration to the configured backend."""
-        if self._configured is self._inline:
+        if self._zmq is None:
             raise InvalidRequest("/scheduler_receive_url needs ENCODER_TRANSFER_BACKEND=zmq_to_scheduler (this pod is inline)")
-        await self._configured.register_receive_url(payload)
+        await self._zmq.register_receive_url(payload)
 
     async def close(self) -> None:
         """Close every backend."""
-        if self._configured is not self._inline:
-            await self._configured.close()
+        if self._zmq is not None:
+            await self._zmq.close()
