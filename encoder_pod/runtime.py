@@ -34,7 +34,7 @@ from encoder_pod.profiling import Profiler
 from encoder_pod.protocol import EncodeRequest, ItemSpec, parse_encode_request
 from encoder_pod.settings import EncoderSettings
 from encoder_pod.transfer.base import Transfer
-from encoder_pod.transfer.select import TransferRouter
+from encoder_pod.transfer.router import TransferRouter
 
 log = logging.getLogger(__name__)
 
