@@ -101,6 +101,13 @@ class EncoderSettings(BaseSettings):
         ge=1,
         le=1000,
     )
+    dp_heartbeat_timeout: float = _env(
+        "dp_heartbeat_timeout",
+        30.0,
+        "Seconds a data-parallel worker may stay silent before it is deemed hung, killed and restarted.",
+        gt=0,
+        le=3600,
+    )
     max_request_bytes: int = _env(
         "max_request_bytes", 64 * 1024 * 1024, "Largest /encode body in bytes; 413 beyond.", ge=1024
     )

@@ -2,7 +2,8 @@
 
 ``front`` is the Engine the HTTP edge drives (validate, route, answer); ``worker`` is the process
 that hosts an :class:`~encoder_pod.runtime.EncoderRuntime`; ``messages`` is the typed wire between
-them, ``ipc`` the sockets, ``router`` the least-pending choice, ``supervisor`` the worker processes
-and their restarts, ``placement`` which device or CPU share each worker gets, ``ranked_metrics``
-the merge of every worker's metrics.
+them, ``ipc`` the sockets, ``router`` the least-pending choice, ``affinity`` the req_id stickiness
+zmq_to_scheduler needs, ``handle`` one rank as the front sees it, ``supervisor`` the worker
+processes and their watchdog (death, hang, restart with backoff), ``placement`` which device or
+CPU share each worker gets, ``ranked_metrics`` the merge of every worker's metrics.
 """

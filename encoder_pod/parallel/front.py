@@ -49,7 +49,8 @@ from encoder_pod.parallel.messages import (
 from encoder_pod.parallel.placement import plan, usable_cpus
 from encoder_pod.parallel.ranked_metrics import DataParallelMetrics, edge_metrics, merge
 from encoder_pod.parallel.router import NoWorker, Router
-from encoder_pod.parallel.supervisor import RankState, Supervisor, WorkerHandle
+from encoder_pod.parallel.handle import RankState, WorkerHandle
+from encoder_pod.parallel.supervisor import Supervisor
 from encoder_pod.protocol import EncodeRequest, parse_encode_request
 from encoder_pod.settings import EncoderSettings, SettingsError, TransferBackend
 from encoder_pod.transfer.receive_urls import parse_registration

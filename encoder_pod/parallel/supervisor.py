@@ -13,14 +13,12 @@ import logging
 import multiprocessing
 import signal
 import time
-from dataclasses import dataclass, field
-from enum import Enum
-from multiprocessing.process import BaseProcess
-from typing import Any, Callable
+from typing import Callable
 
 import zmq
 
 from encoder_pod.errors import NotReady, WorkerDied
+from encoder_pod.parallel.handle import SNDHWM, RankState, WorkerHandle
 from encoder_pod.parallel.ipc import IpcDir
 from encoder_pod.parallel.messages import Status, Stop, WorkerState, pack
 from encoder_pod.parallel.placement import Placement
@@ -37,18 +35,6 @@ STABLE_S = 60.0
 """A worker ready this long before it died starts its backoff over (its death was not a loop)."""
 PROGRESS_LOG_S = 10.0
 """How often a slow model load is logged."""
-SNDHWM = 100_000
-"""Messages queued per worker inbox; far above DP_WORKER_MAX_INFLIGHT, so full means gone."""
-
-
-class RankState(str, Enum):
-    """The front's view of one rank."""
-
-    STARTING = "starting"
-    READY = "ready"
-    RESTARTING = "restarting"
-    FAILED = "failed"
-    STOPPED = "stopped"
 
 
 def restart_delay(base: float, quick_deaths: int) -> float:
@@ -71,75 +57,6 @@ def describe_exit(code: int | None) -> tuple[str, str]:
     if code == 0:
         return "exited", "exited with code 0"
     return "crashed", f"exited with code {code}"
-
-
-@dataclass(eq=False)
-class WorkerHandle:
-    """One rank: its current process, inbox socket, state and the calls it holds."""
-
-    rank: int
-    placement: Placement
-    state: RankState = RankState.STARTING
-    generation: int = 0
-    process: BaseProcess | None = None
-    sock: zmq.Socket | None = None
-    pid: int | None = None
-    phase: str = "spawning"
-    spawned_at: float = 0.0
-    ready_at: float | None = None
-    last_error: str | None = None
-    last_exit: str | None = None
-    restart_at: float | None = None
-    info: dict[str, Any] | None = None
-    metrics: bytes | None = None
-    deaths: int = 0
-    restarts: int = 0
-    failed_starts: int = 0
-    quick_deaths: int = 0
-    next_progress_log: float = 0.0
-    calls: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
-
-    def send(self, frames: list[bytes]) -> None:
-        """Queue a message for this rank without ever blocking the event loop."""
-        if self.sock is None:
-            raise WorkerDied(f"worker {self.rank} is not running ({self.state.value})")
-        try:
-            self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            # A bound PUSH with no connected peer refuses at once: the worker is gone or not up.
-            raise NotReady(f"worker {self.rank} is not accepting messages (it died or is stopping)") from None
-
-    def fail_calls(self, make_error: Callable[[], Exception]) -> int:
-        """Answer every call this rank holds with a fresh ``make_error()``; returns how many."""
-        calls, self.calls = self.calls, {}
-        for future in calls.values():
-            if not future.done():
-                future.set_exception(make_error())
-        return len(calls)
-
-    def describe(self, router: Router) -> dict[str, Any]:
-        """This rank in /server_info."""
-        now = time.monotonic()
-        info = self.info or {}
-        return {
-            "rank": self.rank,
-            "state": self.state.value,
-            "phase": self.phase,
-            "pid": self.pid,
-            "generation": self.generation,
-            "placement": self.placement.describe(),
-            "starting_for_s": round(now - self.spawned_at, 1) if self.state is RankState.STARTING else None,
-            "restart_in_s": round(max(0.0, self.restart_at - now), 1) if self.state is RankState.RESTARTING and self.restart_at else None,
-            "pending": router.pending[self.rank],
-            "routed": router.routed[self.rank],
-            "queue_depth": info.get("queue_depth", 0),
-            "deaths": self.deaths,
-            "restarts": self.restarts,
-            "failed_starts": self.failed_starts,
-            "last_exit": self.last_exit,
-            "load_error": self.last_error,
-            "model": info.get("model"),
-        }
 
 
 class Supervisor:
@@ -166,6 +83,7 @@ class Supervisor:
         self._restarts: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._liveness: asyncio.Task[None] | None = None
 
     def start_all(self) -> None:
         """Spawn every worker (returns at once; each reports ready when its model is loaded)."""
@@ -173,6 +91,28 @@ class Supervisor:
         for handle in self.handles:
             self._metrics.up.labels(rank=str(handle.rank)).set(0)
             self._spawn(handle)
+        self._liveness = self._loop.create_task(self._liveness_loop(), name="dp-liveness")
+
+    async def _liveness_loop(self) -> None:
+        """Kill a worker whose heartbeats stopped (a wedged event loop, SIGSTOP, a stuck driver call).
+
+        Heartbeats come from the worker's event loop, which never runs model work, so silence
+        means the process can no longer answer anything; its death then takes the usual path.
+        """
+        timeout = self.settings.dp_heartbeat_timeout
+        while True:
+            await asyncio.sleep(min(1.0, timeout / 4))
+            now = time.monotonic()
+            for handle in self.handles:
+                alive = handle.process is not None and handle.process.exitcode is None
+                silent = now - handle.last_seen
+                if alive and handle.state in (RankState.STARTING, RankState.READY) and silent > timeout and not handle.kill_reason:
+                    handle.kill_reason = "hung"
+                    log.error(
+                        "rank %d: no heartbeat from pid %d for %.1fs (ENCODER_DP_HEARTBEAT_TIMEOUT); killing it",
+                        handle.rank, handle.pid, silent,
+                    )
+                    handle.process.kill()  # type: ignore[union-attr]
 
     def _spawn(self, handle: WorkerHandle) -> None:
         assert self._loop is not None
@@ -196,6 +136,7 @@ class Supervisor:
         handle.info = handle.metrics = None
         handle.restart_at = None
         handle.next_progress_log = now + PROGRESS_LOG_S
+        handle.last_seen, handle.kill_reason = now, None
         self._loop.add_reader(process.sentinel, self._on_exit, handle, handle.generation)
         log.info(
             "rank %d: worker pid %d started (generation %d, %s)",
@@ -211,6 +152,7 @@ class Supervisor:
         handle = self.handles[msg.rank]
         if msg.generation != handle.generation:
             return  # a late heartbeat of a dead incarnation
+        handle.last_seen = time.monotonic()
         handle.phase = msg.phase
         handle.info = msg.info if msg.info is not None else handle.info
         if msg.error:
@@ -269,6 +211,8 @@ class Supervisor:
         while process.exitcode is None and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         reason, text = describe_exit(process.exitcode)
+        if handle.kill_reason == "hung":
+            reason, text = "hung", f"killed after {self.settings.dp_heartbeat_timeout:g}s without a heartbeat"
         if self._stopping:
             handle.state = RankState.STOPPED
             log.info("rank %d: worker pid %d stopped (%s)", handle.rank, handle.pid, text)
@@ -327,6 +271,8 @@ class Supervisor:
     async def stop(self, grace: float) -> None:
         """Tell every worker to finish within ``grace``, wait for them, kill stragglers."""
         self._stopping = True
+        if self._liveness is not None:
+            self._liveness.cancel()
         for task in list(self._restarts):
             task.cancel()
         live = [h for h in self.handles if h.process is not None and h.process.exitcode is None]

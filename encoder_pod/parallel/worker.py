@@ -258,13 +258,18 @@ class WorkerServer:
             log.exception("call %d failed", call_id)
             await self._send(Error.of(rank, gen, call_id, InternalError(f"{type(exc).__name__}: {exc}", req_id=req_id)))
             return
-        frames: list[bytes] = []
+        extra: list[bytes] = []
         embedding = body.get("embedding") if isinstance(body, dict) else None
         if isinstance(embedding, dict) and isinstance(embedding.get("data"), str):
             # The inline embedding (base64, made here, off the front's loop) travels as a raw
             # frame; the front puts it back into the body untouched.
-            frames.append(embedding.pop("data").encode("ascii"))
-        await self._send(Result(rank, gen, call_id, body, framed=bool(frames)), *frames)
+            extra.append(embedding.pop("data").encode("ascii"))
+        try:
+            frames = pack(Result(rank, gen, call_id, body, framed=bool(extra)), *extra)
+        except (TypeError, ValueError, OverflowError) as exc:
+            err = InternalError(f"answer cannot be sent to the front: {exc}", req_id=req_id)
+            frames = pack(Error.of(rank, gen, call_id, err))
+        await self._out.send_multipart(frames, copy=False)
 
     async def _encode(self, msg: Encode) -> None:
         req_id = msg.request.get("req_id") if isinstance(msg.request, dict) else None

@@ -175,3 +175,22 @@ def test_sigterm_answers_every_request_stops_workers_and_removes_ipc_files(tiny_
         assert not any(_alive(pid) for pid in pids)
         assert not ipc_dir.exists()
         assert "data-parallel front stopped" in server.log_text()
+
+
+def test_hung_worker_is_killed_and_replaced(tiny_model):
+    env = {"ENCODER_DP_HEARTBEAT_TIMEOUT": "2", "ENCODER_DP_RESTART_BACKOFF": "0.2"}
+    with EncoderServer(tiny_model("qwen2_vl"), env=env, args=DP2) as server:
+        victim = _info(server)["workers"][0]["pid"]
+        os.kill(victim, signal.SIGSTOP)  # alive, but answers nothing: a wedged worker
+        started = time.monotonic()
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(encode, server.base_url, f"h{i}", [png_data_uri(32, 32, seed=i)], timeout=30) for i in range(4)]
+            answers = [f.result() for f in futures]
+        assert time.monotonic() - started < 10
+        assert {r.status_code for r in answers} <= {200, 503}
+        assert any(r.status_code == 503 and "died" in r.json()["message"] for r in answers), [r.text for r in answers]
+        _wait(lambda: httpx.get(server.base_url + "/health", timeout=30).status_code == 200, 120, "worker replaced", server)
+        worker = _info(server)["workers"][0]
+        assert worker["pid"] != victim and "without a heartbeat" in worker["last_exit"]
+        assert server.metric("encoder_dp_worker_deaths_total", 'rank="0"', 'reason="hung"') == 1
+        assert not _alive(victim)
