@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
+from encoder_pod.media.audio import decode_audio
+from encoder_pod.media.images import decode_image
+from encoder_pod.media.video import decode_video
 from encoder_pod.modality import Modality
 from encoder_pod.models.base import EncoderAdapter, MediaItem
 from encoder_pod.settings import EncoderSettings
 
-from encoder_pod.media.images import decode_image
-
 
 def decode_item(modality: Modality, data: bytes, adapter: EncoderAdapter, settings: EncoderSettings) -> MediaItem:
-    """A decoded :class:`MediaItem`; ValueError says why the bytes cannot be used."""
+    """A decoded :class:`MediaItem`; ValueError says why the bytes cannot be used.
+
+    Audio is resampled to the adapter's :attr:`~EncoderAdapter.sample_rate`, the rate resolved
+    from the model's own configuration at load.
+    """
     if modality is Modality.IMAGE:
         return MediaItem(modality, decode_image(data, settings.max_image_pixels))
+    if modality is Modality.AUDIO:
+        if adapter.sample_rate is None:
+            raise ValueError(f"{adapter.name} has no audio sample rate: it does not take AUDIO items")
+        return MediaItem(modality, decode_audio(data, adapter.sample_rate, settings.max_audio_seconds))
+    if modality is Modality.VIDEO:
+        clip = decode_video(
+            data,
+            fps=settings.video_fps,
+            min_frames=settings.video_min_frames,
+            max_frames=settings.video_max_frames,
+            max_pixels=settings.max_image_pixels,
+        )
+        return MediaItem(modality, clip)
     raise ValueError(f"no decoder for {modality.value} items in this build")
