@@ -1,0 +1,263 @@
+"""What every audio-encoder adapter shares: the sample rate, 30 s windows and valid-frame rows.
+
+Whisper-style encoders take log-mel features padded to a fixed window (30 s: 3000 mel frames)
+and always emit the full window's rows (1500). Only the rows computed from real audio are served:
+an item of ``L`` valid mel frames (the feature extractor's attention mask) gives ``rows(L)`` rows,
+counted per family. Audio longer than one window is cut into consecutive windows, each encoded on
+its own (as Whisper's long-form mode does); the item's rows are its windows' rows in order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import zlib
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+import torch
+from transformers import WhisperFeatureExtractor
+
+from encoder_pod.modality import Modality
+from encoder_pod.models.base import EncoderAdapter, MediaItem, PreparedBatch, check_loading_info
+from encoder_pod.models.vision import check_preset, names_family, randomize, regroup, save_atomically
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SAMPLE_RATE = 16_000
+"""Used only when no configuration file of the checkpoint names a rate (with a warning)."""
+
+SAMPLE_RATE_BOUNDS = (1_000, 384_000)
+
+HEALTH_AUDIO_SECONDS = 0.010
+
+
+def _rate_in(source: dict[str, Any], keys: Sequence[str]) -> Any:
+    """The first ``sampling_rate`` found at the top of ``source`` or in one of its sub-dicts ``keys``."""
+    if "sampling_rate" in source:
+        return source["sampling_rate"]
+    for key in keys:
+        nested = source.get(key)
+        if isinstance(nested, dict) and "sampling_rate" in nested:
+            return nested["sampling_rate"]
+    return None
+
+
+# (file, sub-dicts searched after the top level), in the order they are trusted.
+_RATE_SOURCES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("preprocessor_config.json", ()),  # the feature extractor: what it was built for
+    ("processor_config.json", ("feature_extractor", "audio_processor")),
+    ("config.json", ("audio_config", "audio_encoder_config")),
+)
+
+
+def resolve_sample_rate(model_dir: Path, model_name: str) -> tuple[int, str]:
+    """(rate in Hz, the file that said so) for a checkpoint; 16 kHz with a warning if none does.
+
+    Read from the raw JSON, not the loaded feature extractor: a feature extractor class has a
+    default ``sampling_rate`` of its own, which would hide that the checkpoint never said.
+    """
+    for filename, nested in _RATE_SOURCES:
+        path = Path(model_dir) / filename
+        if not path.is_file():
+            continue
+        value = _rate_in(json.loads(path.read_text()), nested)
+        if value is None:
+            continue
+        low, high = SAMPLE_RATE_BOUNDS
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high or value != int(value):
+            raise RuntimeError(f"{path}: sampling_rate {value!r} is not a whole number of Hz in {low}..{high}")
+        return int(value), filename
+    log.warning(
+        "%s model in %s names no sampling_rate (preprocessor_config.json, processor_config.json, config.json); "
+        "assuming %d Hz: audio at another rate will be warped",
+        model_name,
+        model_dir,
+        DEFAULT_SAMPLE_RATE,
+    )
+    return DEFAULT_SAMPLE_RATE, "default"
+
+
+def sine(seconds: float, rate: int, freq: float = 440.0) -> np.ndarray:
+    """A float32 sine: deterministic, not silence, valid for every audio model."""
+    t = np.arange(max(1, int(round(seconds * rate)))) / rate
+    return (0.5 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+
+
+class AudioAdapter(EncoderAdapter):
+    """A Whisper-style tower with a ``WhisperFeatureExtractor``; subclasses count rows and run it."""
+
+    modalities: ClassVar[frozenset[Modality]] = frozenset({Modality.AUDIO})
+    model_cls: ClassVar[type]
+    config_cls: ClassVar[type]
+    model_type: ClassVar[str]
+    presets: ClassVar[dict[str, dict[str, Any]]]
+
+    model: Any
+    feature_extractor: WhisperFeatureExtractor
+    _rate: int
+    _rate_source: str
+
+    # --- family specifics -------------------------------------------------------------------
+    @staticmethod
+    def rows_for_frames(frames: int) -> int:
+        """Output rows computed from ``frames`` valid mel frames of one window."""
+        raise NotImplementedError
+
+    def _encode(self, features: torch.Tensor, frames: torch.Tensor) -> torch.Tensor:
+        """(windows, mel, window frames) -> (windows, rows per full window, hidden)."""
+        raise NotImplementedError
+
+    # --- construction -----------------------------------------------------------------------
+    @classmethod
+    def matches(cls, config: dict[str, Any]) -> bool:
+        """The saved tower's config: its model_type and, if named, its class."""
+        return names_family(config, cls.model_type, [cls.model_cls.__name__])
+
+    @classmethod
+    def write_tiny(cls, out: Path, preset: str = "tiny") -> None:
+        """Seeded random tower plus a 16 kHz ``WhisperFeatureExtractor`` config, written offline."""
+        check_preset(preset)
+        config = cls.config_cls(**cls.presets[preset])
+        model = cls.model_cls(config)
+        randomize(model, seed=zlib.crc32(cls.name.encode()))
+        extractor = WhisperFeatureExtractor(feature_size=config.num_mel_bins, sampling_rate=DEFAULT_SAMPLE_RATE)
+
+        def write(tmp: Path) -> None:
+            model.save_pretrained(tmp)
+            extractor.save_pretrained(tmp)
+
+        save_atomically(out, write)
+
+    def load(self) -> None:
+        """Resolve the sample rate, build the feature extractor for it, load the tower strictly."""
+        self._rate, self._rate_source = resolve_sample_rate(self.model_dir, self.name)
+        # Built from its config with the resolved rate: a rate found only in config.json must
+        # build the mel filters and the window for that rate. (from_pretrained(sampling_rate=...)
+        # would only set the attribute after __init__ derived both from the class default.)
+        config, _ = WhisperFeatureExtractor.get_feature_extractor_dict(self.model_dir)
+        self.feature_extractor = WhisperFeatureExtractor.from_dict({**config, "sampling_rate": self._rate})
+        model, info = self.model_cls.from_pretrained(self.model_dir, dtype=self.dtype, output_loading_info=True)
+        check_loading_info(self.model_cls.__name__, info)
+        self.model = model.to(self.device).eval()
+        self._check_extractor()
+        log.info("%s expects %d Hz audio (from %s)", self.name, self._rate, self._rate_source)
+
+    def _check_extractor(self) -> None:
+        """The features must have the tower's mel bins and exactly its window length."""
+        config, fe = self.model.config, self.feature_extractor
+        window = config.max_source_positions * self.model.conv1.stride[0] * self.model.conv2.stride[0]
+        problems = []
+        if fe.feature_size != config.num_mel_bins:
+            problems.append(f"feature_size {fe.feature_size} vs num_mel_bins {config.num_mel_bins}")
+        if fe.nb_max_frames != window:
+            problems.append(f"{fe.nb_max_frames} mel frames per window vs {window} the tower takes")
+        if problems:
+            raise RuntimeError(f"preprocessor_config.json does not fit the tower in {self.model_dir}: {'; '.join(problems)}")
+
+    # --- per item ---------------------------------------------------------------------------
+    def _windows(self, samples: int) -> list[tuple[int, int, int]]:
+        """(start, end, rows) per window of an item; a trailing sliver too short for a row is dropped."""
+        size, hop = self.feature_extractor.n_samples, self.feature_extractor.hop_length
+        windows = []
+        for start in range(0, samples, size):
+            end = min(start + size, samples)
+            # The extractor's attention mask marks ceil(samples / hop) frames valid.
+            rows = self.rows_for_frames(math.ceil((end - start) / hop))
+            if rows > 0:
+                windows.append((start, end, rows))
+        return windows
+
+    def measure(self, item: MediaItem) -> int:
+        """Rows from the valid frames of every window; ValueError for audio the model cannot take."""
+        if item.modality not in self.modalities:
+            raise ValueError(f"this model encodes AUDIO items, not {item.modality.value}")
+        wave = item.data
+        if not isinstance(wave, np.ndarray) or wave.ndim != 1:
+            raise ValueError("an AUDIO item must be a decoded mono waveform")
+        if wave.size == 0:
+            raise ValueError("audio has no samples")
+        if not np.isfinite(wave).all():
+            raise ValueError("audio has NaN or infinite samples")
+        rows = sum(r for _, _, r in self._windows(wave.size))
+        if rows == 0:
+            raise ValueError(
+                f"audio is {1000 * wave.size / self._rate:.1f} ms long: too short for one output row "
+                f"(at least {1000 * self.min_samples / self._rate:.1f} ms)"
+            )
+        return rows
+
+    @property
+    def min_samples(self) -> int:
+        """Fewest samples that give one output row."""
+        hop, frames = self.feature_extractor.hop_length, 1
+        while self.rows_for_frames(frames) < 1:
+            frames += 1
+        return (frames - 1) * hop + 1
+
+    # --- per batch --------------------------------------------------------------------------
+    def preprocess(self, requests: Sequence[Sequence[MediaItem]]) -> PreparedBatch:
+        """ONE feature-extractor call over every window of every item (each padded to the window)."""
+        items = [item for reqs in requests for item in reqs]
+        if not items:
+            raise ValueError("a batch needs at least one item")
+        chunks, owners = [], []
+        for index, item in enumerate(items):
+            for start, end, _ in self._windows(item.data.size):
+                chunks.append(item.data[start:end])
+                owners.append(index)
+        out = self.feature_extractor(
+            chunks,
+            sampling_rate=self._rate,
+            padding="max_length",
+            return_attention_mask=True,
+            return_tensors="pt",
+        )
+        frames = out["attention_mask"].sum(-1)
+        # Rows from the mask the extractor really produced: the slicing plan follows the data.
+        window_rows = [self.rows_for_frames(int(f)) for f in frames]
+        item_rows, item_frames = [0] * len(items), [[] for _ in items]
+        for owner, rows, count in zip(owners, window_rows, frames.tolist()):
+            item_rows[owner] += rows
+            item_frames[owner].append(int(count))
+        return PreparedBatch(
+            inputs={"input_features": out["input_features"], "frames": frames},
+            item_tokens=regroup(item_rows, requests),
+            item_grids=regroup(item_frames, requests),
+            extra={"window_rows": window_rows},
+        )
+
+    def forward(self, batch: PreparedBatch) -> torch.Tensor:
+        """One tower forward over all windows; keeps each window's valid rows, in item order."""
+        with torch.inference_mode():
+            features = batch.inputs["input_features"].to(self.device, self.dtype)
+            hidden = self._encode(features, batch.inputs["frames"].to(self.device))
+            return torch.cat([hidden[i, :rows] for i, rows in enumerate(batch.extra["window_rows"])])
+
+    # --- facts ------------------------------------------------------------------------------
+    def health_item(self, modality: Modality) -> MediaItem:
+        """10 ms of a 440 Hz tone at the model's rate (longer only if the family needs it for one row)."""
+        if modality not in self.modalities:
+            raise ValueError(f"{self.name} has no {modality.value} health item")
+        samples = max(int(round(HEALTH_AUDIO_SECONDS * self._rate)), self.min_samples)
+        return MediaItem(Modality.AUDIO, sine(samples / self._rate, self._rate))
+
+    @property
+    def sample_rate(self) -> int | None:
+        """The rate audio is resampled to before feature extraction (resolved at load)."""
+        return self._rate
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of one output row (the tower's d_model)."""
+        return int(self.model.config.d_model)
+
+    def info(self) -> dict[str, Any]:
+        """Base facts plus where the sample rate came from and the window length."""
+        return {
+            **super().info(),
+            "sample_rate_source": self._rate_source,
+            "window_seconds": self.feature_extractor.n_samples / self._rate,
+        }
