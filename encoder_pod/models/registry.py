@@ -19,6 +19,7 @@ ADAPTERS: dict[str, str] = {
     "qwen2_5_vl": "encoder_pod.models.qwen2_vl:Qwen25VLAdapter",
     "clip": "encoder_pod.models.clip:CLIPAdapter",
     "siglip": "encoder_pod.models.clip:SiglipAdapter",
+    "llava_next": "encoder_pod.models.llava_next:LlavaNextAdapter",
     "whisper": "encoder_pod.models.whisper:WhisperAdapter",
     "qwen2_audio": "encoder_pod.models.whisper:Qwen2AudioAdapter",
 }

@@ -196,3 +196,13 @@ def test_missing_weight_fails_loudly(arch, tiny_model, load_checkpoint, tmp_path
     with pytest.raises(RuntimeError, match="missing_keys: .*layers.1.fc1"):
         load_checkpoint(path)
 
+
+@pytest.mark.parametrize("arch", ["whisper", "qwen2_audio", "llava_next"])
+def test_each_new_checkpoint_matches_only_its_own_family(arch, tiny_model):
+    """Seven families share one registry: a checkpoint must select exactly one adapter."""
+    from encoder_pod.models.base import read_config
+    from encoder_pod.models.registry import ADAPTERS, adapter_class, resolve_adapter
+
+    config = read_config(tiny_model(arch))
+    assert resolve_adapter(tiny_model(arch)) is adapter_class(arch)
+    assert [other for other in ADAPTERS if adapter_class(other).matches(config)] == [arch]

@@ -195,7 +195,7 @@ def test_bfloat16_matches_float32_loosely(arch, tiny_model, tiny_adapter, load_c
 
 
 def test_make_tiny_model_refuses_unknown_names(tmp_path):
-    with pytest.raises(ValueError, match="unknown arch 'nope'; known: clip, qwen2_5_vl, qwen2_audio, qwen2_vl, siglip, whisper"):
+    with pytest.raises(ValueError, match="unknown arch 'nope'; known: clip, llava_next, qwen2_5_vl, qwen2_audio, qwen2_vl, siglip, whisper"):
         make_tiny_model("nope", tmp_path / "a")
     with pytest.raises(ValueError, match="unknown preset 'huge'; known: tiny, moderate"):
         make_tiny_model("clip", tmp_path / "b", preset="huge")
