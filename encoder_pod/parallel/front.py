@@ -59,6 +59,10 @@ log = logging.getLogger(__name__)
 
 BACKSTOP_S = 2.0
 """Past the request deadline, how long the front waits for the worker's own typed 504."""
+HEALTH_SKIP_S = 5.0
+"""As in the runtime: a rank that answered an /encode this recently needs no probe encode."""
+FRESH_HEARTBEAT_S = 2.0
+"""A heartbeat this recent shows the rank's event loop is alive (they come every 0.5 s)."""
 
 
 class FrontState(str, Enum):
@@ -274,7 +278,9 @@ class DataParallelFront:
                 self._affinity.bind(request.req_id, rank)
             try:
                 self._dp_metrics.routed.labels(rank=str(rank)).inc()
-                result, extra = await self._call(self._handles()[rank], msg.call_id, frames, deadline + BACKSTOP_S)
+                handle = self._handles()[rank]
+                result, extra = await self._call(handle, msg.call_id, frames, deadline + BACKSTOP_S)
+                handle.last_success = time.monotonic()
             finally:
                 self._router.release(rank)
         finally:
@@ -308,6 +314,9 @@ class DataParallelFront:
             if not self._router.any_ready:
                 raise self._no_worker()
             raise NotReady("; ".join(f"worker {h.rank} is {h.state.value}" for h in down))
+        now = time.monotonic()
+        if all(now - h.last_success < HEALTH_SKIP_S and now - h.last_seen < FRESH_HEARTBEAT_S for h in handles):
+            return  # live traffic just proved every rank; a probe would only queue behind it
         timeout = self.settings.health_timeout + 1
         answers = await asyncio.gather(
             *(self._control(h, ControlOp.HEALTH, {}, timeout) for h in handles), return_exceptions=True

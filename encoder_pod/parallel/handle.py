@@ -55,6 +55,8 @@ class WorkerHandle:
     next_progress_log: float = 0.0
     last_seen: float = 0.0
     """When the current incarnation last sent a heartbeat (monotonic)."""
+    last_success: float = 0.0
+    """When the current incarnation last answered an /encode with success (monotonic)."""
     kill_reason: str | None = None
     """Set when the front itself killed the process (hung), so its death is counted as that."""
     calls: dict[int, asyncio.Future[Any]] = field(default_factory=dict)

@@ -136,7 +136,7 @@ class Supervisor:
         handle.info = handle.metrics = None
         handle.restart_at = None
         handle.next_progress_log = now + PROGRESS_LOG_S
-        handle.last_seen, handle.kill_reason = now, None
+        handle.last_seen, handle.kill_reason, handle.last_success = now, None, 0.0
         self._loop.add_reader(process.sentinel, self._on_exit, handle, handle.generation)
         log.info(
             "rank %d: worker pid %d started (generation %d, %s)",
