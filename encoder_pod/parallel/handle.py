@@ -54,7 +54,9 @@ class WorkerHandle:
     quick_deaths: int = 0
     next_progress_log: float = 0.0
     last_seen: float = 0.0
-    """When the current incarnation last sent a heartbeat (monotonic)."""
+    """When the current incarnation last sent a heartbeat (monotonic); its spawn time until then."""
+    heard_from: bool = False
+    """Whether the current incarnation has sent any heartbeat yet."""
     last_success: float = 0.0
     """When the current incarnation last answered an /encode with success (monotonic)."""
     kill_reason: str | None = None

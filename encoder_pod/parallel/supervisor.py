@@ -35,6 +35,8 @@ STABLE_S = 60.0
 """A worker ready this long before it died starts its backoff over (its death was not a loop)."""
 PROGRESS_LOG_S = 10.0
 """How often a slow model load is logged."""
+FIRST_HEARTBEAT_S = 60.0
+"""Silence allowed before a new worker's first heartbeat (interpreter start on a busy host), at least."""
 
 
 def restart_delay(base: float, quick_deaths: int) -> float:
@@ -106,7 +108,8 @@ class Supervisor:
             for handle in self.handles:
                 alive = handle.process is not None and handle.process.exitcode is None
                 silent = now - handle.last_seen
-                if alive and handle.state in (RankState.STARTING, RankState.READY) and silent > timeout and not handle.kill_reason:
+                allowed = timeout if handle.heard_from else max(timeout, FIRST_HEARTBEAT_S)
+                if alive and handle.state in (RankState.STARTING, RankState.READY) and silent > allowed and not handle.kill_reason:
                     handle.kill_reason = "hung"
                     log.error(
                         "rank %d: no heartbeat from pid %d for %.1fs (ENCODER_DP_HEARTBEAT_TIMEOUT); killing it",
@@ -136,7 +139,7 @@ class Supervisor:
         handle.info = handle.metrics = None
         handle.restart_at = None
         handle.next_progress_log = now + PROGRESS_LOG_S
-        handle.last_seen, handle.kill_reason, handle.last_success = now, None, 0.0
+        handle.last_seen, handle.heard_from, handle.kill_reason, handle.last_success = now, False, None, 0.0
         self._loop.add_reader(process.sentinel, self._on_exit, handle, handle.generation)
         log.info(
             "rank %d: worker pid %d started (generation %d, %s)",
@@ -152,7 +155,7 @@ class Supervisor:
         handle = self.handles[msg.rank]
         if msg.generation != handle.generation:
             return  # a late heartbeat of a dead incarnation
-        handle.last_seen = time.monotonic()
+        handle.last_seen, handle.heard_from = time.monotonic(), True
         handle.phase = msg.phase
         handle.info = msg.info if msg.info is not None else handle.info
         if msg.error:
