@@ -108,6 +108,13 @@ class EncoderSettings(BaseSettings):
         gt=0,
         le=3600,
     )
+    tp_collective_timeout: float = _env(
+        "tp_collective_timeout",
+        60.0,
+        "Seconds any tensor-parallel collective may take; past it the group is taken down and restarted.",
+        gt=0,
+        le=3600,
+    )
     max_request_bytes: int = _env(
         "max_request_bytes", 64 * 1024 * 1024, "Largest /encode body in bytes; 413 beyond.", ge=1024
     )

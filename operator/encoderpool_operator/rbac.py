@@ -30,7 +30,9 @@ RULES: tuple[Rule, ...] = (
          "children carry blockOwnerDeletion, which OwnerReferencesPermissionEnforcement checks against this"),
     Rule("apps", "statefulsets", ("get", "list", "watch", "create", "patch"),
          "server-side apply (create when absent), drift detection by watch"),
-    Rule("", "services", ("get", "list", "watch", "create", "patch"), "the headless Service, same as the StatefulSet"),
+    Rule("", "services", ("get", "list", "watch", "create", "patch", "delete"),
+         "the headless Service, same as the StatefulSet; deleted and re-created when a hand edit "
+         "(a port changed in place) leaves an apply nothing it can merge"),
     Rule("policy", "poddisruptionbudgets", ("get", "list", "watch", "create", "patch", "delete"),
          "the PDB exists only while replicas > 1, so it is also deleted"),
     Rule("", "pods", ("list", "watch"), "status is computed from the pods; pod events trigger a status refresh"),

@@ -70,21 +70,38 @@ def controller_uid(obj: dict[str, Any]) -> str | None:
     return None
 
 
+# Children that are deleted and applied afresh when the API server refuses to merge the apply into
+# a hand-edited copy of our own. A Service's ports are a list keyed by (port, protocol): a port
+# changed in place makes our port a second entry with the same name ("Duplicate value"), which no
+# apply can undo. A headless Service holds no state; recreating it only renews its EndpointSlices.
+# Never the StatefulSet: its pods would go with it.
+RECREATE_ON_REJECT = frozenset({"Service"})
+
+
 def _apply_one(client: Client, pool: Pool, manifest: dict[str, Any]) -> dict[str, Any]:
     """Apply one child; a child held by another controller is a conflict, not an invalid spec."""
+    kind, name = manifest["kind"], manifest["metadata"]["name"]
     try:
         return client.apply(manifest)
     except RejectedError:
-        existing = client.get(manifest["kind"], pool.namespace, manifest["metadata"]["name"])
+        existing = client.get(kind, pool.namespace, name)
         owner = controller_uid(existing) if existing else None
         if owner is not None and owner != pool.uid:
             # Typically the children of a deleted pool of the same name, not yet collected.
             raise ConflictError(
-                f"{manifest['kind']} {pool.namespace}/{manifest['metadata']['name']} is controlled by "
+                f"{kind} {pool.namespace}/{name} is controlled by "
                 f"another owner (uid {owner}); waiting for it to be deleted",
                 status=409,
             ) from None
-        raise
+        if existing is None or owner != pool.uid or kind not in RECREATE_ON_REJECT:
+            raise
+    log.warning("%s %s/%s: the apply over its hand edits was refused; re-creating it", kind, pool.namespace, name)
+    try:
+        client.delete(kind, pool.namespace, name, existing["metadata"]["uid"])
+    except NotFoundError:
+        pass  # gone already: the apply below creates it
+    # Refused again means our own manifest is at fault: ApplyFailed, as for any other child.
+    return client.apply(manifest)
 
 
 def apply_children(client: Client, pool: Pool, settings: OperatorSettings) -> dict[str, Any]:

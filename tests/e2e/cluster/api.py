@@ -40,11 +40,15 @@ def path_for(api_version: str, plural: str, namespace: str | None = None, name: 
 class ApiClient:
     """Thread-confined client: create one per thread (httpx pools are not shared across threads)."""
 
-    def __init__(self, server: str, token: str, ca_file: Path, timeout: float = 30.0) -> None:
+    def __init__(self, server: str, token: str | None, ca_file: Path, timeout: float = 30.0,
+                 client_cert: tuple[str, str] | None = None) -> None:
+        verify = ssl.create_default_context(cafile=str(ca_file))
+        if client_cert is not None:  # kind's kubeconfig authenticates with a client certificate
+            verify.load_cert_chain(*client_cert)
         self._http = httpx.Client(
             base_url=server,
-            headers={"Authorization": f"Bearer {token}"},
-            verify=ssl.create_default_context(cafile=str(ca_file)),
+            headers={"Authorization": f"Bearer {token}"} if token else {},
+            verify=verify,
             timeout=httpx.Timeout(timeout, connect=5.0),
         )
 

@@ -174,6 +174,40 @@ def test_a_child_the_api_server_refuses_is_apply_failed(api: FakeApi, settings: 
     assert "StatefulSet is invalid" in outcome.status["message"]
 
 
+def test_a_hand_edited_service_that_cannot_be_applied_over_is_recreated(api: FakeApi, settings: OperatorSettings) -> None:
+    """A Service port edited in place: the apply is refused (our port would be a second entry named
+    "http") until the operator deletes its own Service and applies a fresh one."""
+    run(api, settings)
+    old_uid = api.objects[("Service", "ml", "enc")]["metadata"]["uid"]
+    api.reject.add("Service")
+    delete = api.delete
+
+    def delete_then_accept(kind: str, namespace: str, name: str, uid: str) -> None:
+        delete(kind, namespace, name, uid)
+        api.reject.discard(kind)  # the edited object is gone: a fresh one applies cleanly
+
+    api.delete = delete_then_accept  # type: ignore[method-assign]
+    outcome = run(api, settings)
+    assert not outcome.failed
+    assert ("delete", "Service", "enc") in api.writes
+    assert api.objects[("Service", "ml", "enc")]["metadata"]["uid"] != old_uid
+
+
+def test_a_service_refused_even_when_fresh_is_apply_failed(api: FakeApi, settings: OperatorSettings) -> None:
+    run(api, settings)
+    api.reject.add("Service")
+    outcome = run(api, settings)
+    assert outcome.failed and outcome.status["reason"] == "ApplyFailed"
+
+
+def test_a_refused_statefulset_is_never_deleted_to_force_the_apply(api: FakeApi, settings: OperatorSettings) -> None:
+    run(api, settings)
+    api.reject.add("StatefulSet")
+    outcome = run(api, settings)
+    assert outcome.failed and ("StatefulSet", "ml", "enc") in api.objects
+    assert ("delete", "StatefulSet", "enc") not in api.writes
+
+
 def test_a_child_held_by_another_owner_is_a_conflict(api: FakeApi, settings: OperatorSettings) -> None:
     """The children of a deleted pool of the same name: wait for garbage collection, not InvalidSpec."""
     api.reject.add("Service")
