@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
 import time
@@ -51,8 +52,9 @@ from encoder_pod.parallel.ranked_metrics import DataParallelMetrics, edge_metric
 from encoder_pod.parallel.router import NoWorker, Router
 from encoder_pod.parallel.handle import RankState, WorkerHandle
 from encoder_pod.parallel.supervisor import Supervisor
+from encoder_pod.parallel.tensor.plans import check_divisible
 from encoder_pod.protocol import EncodeRequest, parse_encode_request
-from encoder_pod.settings import EncoderSettings, SettingsError, TransferBackend
+from encoder_pod.settings import EncoderSettings, TransferBackend, model_dir
 from encoder_pod.transfer.receive_urls import parse_registration
 
 log = logging.getLogger(__name__)
@@ -80,10 +82,9 @@ class DataParallelFront:
 
     def __init__(self, settings: EncoderSettings) -> None:
         if settings.tp_size > 1:
-            raise SettingsError(
-                f"invalid setting ENCODER_TP_SIZE / --tp-size: {settings.tp_size}; "
-                "tensor parallel is not available yet (use --tp-size 1, and --dp-size N for N replicas)"
-            )
+            # Before any worker starts: a model that cannot be split stops the pod with the reason
+            # instead of crash-looping its groups.
+            check_divisible(json.loads((model_dir(settings) / "config.json").read_text()), settings.tp_size)
         self.settings = settings
         self.metrics = edge_metrics()
         self._dp_metrics = DataParallelMetrics(self.metrics)
@@ -121,7 +122,10 @@ class DataParallelFront:
         )
         self._recv_task = asyncio.create_task(self._recv_loop(), name="dp-results")
         self._supervisor.start_all()
-        log.info("data-parallel front: %d workers, IPC in %s", self.settings.dp_size, self._ipc.path)
+        log.info(
+            "data-parallel front: %d workers (tensor-parallel groups of %d ranks), IPC in %s",
+            self.settings.dp_size, self.settings.tp_size, self._ipc.path,
+        )
 
     def begin_shutdown(self) -> None:
         """Stop admitting; waiting requests and every worker's queued ones get 503. Idempotent."""
@@ -403,8 +407,9 @@ class DataParallelFront:
         return {
             "state": self._state(handles).value if handles else FrontState.LOADING.value,
             "load_error": (f"worker {failed[0].rank}: {failed[0].last_error or failed[0].last_exit}" if failed else None),
-            "mode": "data_parallel",
+            "mode": "tensor_parallel" if self.settings.tp_size > 1 else "data_parallel",
             "dp_size": self.settings.dp_size,
+            "tp_size": self.settings.tp_size,
             "model": model,
             "queue_depth": self._router.waiting + sum(w["queue_depth"] for w in workers),
             "inflight": len(self._inflight),

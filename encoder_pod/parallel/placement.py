@@ -58,22 +58,30 @@ def usable_cpus() -> int:
 
 
 def plan(settings: EncoderSettings, environ: Mapping[str, str], cpus: int) -> list[Placement]:
-    """One :class:`Placement` per rank; :class:`SettingsError` when the GPUs do not suffice."""
+    """One :class:`Placement` per data-parallel rank; :class:`SettingsError` when the GPUs do not suffice.
+
+    With ``tp_size`` T, each rank is a tensor-parallel group of T processes: it gets T GPUs
+    (its rank 0 sees them all and gives the r-th to group rank r) and T times fewer CPU threads.
+    """
     gpus = visible_gpus(environ)
     on_gpu = settings.device == "cuda" or (settings.device == "auto" and bool(gpus))
-    if on_gpu and len(gpus) < settings.dp_size:
+    group = settings.tp_size
+    if on_gpu and len(gpus) < settings.dp_size * group:
+        what = f"{settings.dp_size} workers need one GPU each"
+        if group > 1:
+            what = f"{settings.dp_size} groups of {group} tensor-parallel ranks need {settings.dp_size * group} GPUs"
         raise SettingsError(
-            f"invalid setting ENCODER_DP_SIZE / --dp-size: {settings.dp_size} workers need one GPU each, "
+            f"invalid setting ENCODER_DP_SIZE / --dp-size (and --tp-size): {what}, "
             f"{len(gpus)} visible ({'CUDA_VISIBLE_DEVICES=' + environ['CUDA_VISIBLE_DEVICES'] if 'CUDA_VISIBLE_DEVICES' in environ else '/dev/nvidia*'})"
         )
-    # An explicit NUM_THREADS is per worker; otherwise the CPUs are split evenly, so N workers
-    # do not each start a pool as large as the machine and thrash.
-    threads = settings.num_threads or max(1, cpus // settings.dp_size)
+    # An explicit NUM_THREADS is per process; otherwise the CPUs are split evenly over every
+    # process (dp x tp), so they do not each start a pool as large as the machine and thrash.
+    threads = settings.num_threads or max(1, cpus // (settings.dp_size * group))
     placements = []
     for rank in range(settings.dp_size):
         env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         # On CPU the worker must not grab a GPU by accident (device auto on a GPU host with
         # ENCODER_DEVICE=cpu): hide them all.
-        env["CUDA_VISIBLE_DEVICES"] = gpus[rank] if on_gpu else ""
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[rank * group : (rank + 1) * group]) if on_gpu else ""
         placements.append(Placement(rank, "cuda" if on_gpu else "cpu", threads, env))
     return placements

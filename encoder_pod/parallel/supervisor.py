@@ -24,7 +24,7 @@ from encoder_pod.parallel.messages import Status, Stop, WorkerState, pack
 from encoder_pod.parallel.placement import Placement
 from encoder_pod.parallel.ranked_metrics import DataParallelMetrics
 from encoder_pod.parallel.router import Router
-from encoder_pod.parallel.worker import EXIT_LOAD_FAILED, WorkerSpec, run_worker
+from encoder_pod.parallel.worker import EXIT_LOAD_FAILED, EXIT_TP_GROUP_DOWN, WorkerSpec, run_worker
 from encoder_pod.settings import EncoderSettings
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,8 @@ def describe_exit(code: int | None) -> tuple[str, str]:
         return "killed", f"killed by {name}"
     if code == EXIT_LOAD_FAILED:
         return "load_failed", "model failed to load"
+    if code == EXIT_TP_GROUP_DOWN:
+        return "tp_group_down", "tensor-parallel group went down (a rank died or a collective failed or timed out)"
     if code == 0:
         return "exited", "exited with code 0"
     return "crashed", f"exited with code {code}"

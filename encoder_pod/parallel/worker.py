@@ -57,6 +57,8 @@ EXIT_LOAD_FAILED = 3
 """Exit code of a worker whose model did not load: the front counts a failed start, not a crash."""
 EXIT_ORPHANED = 4
 """Exit code of a worker whose front died: nobody is left to answer."""
+EXIT_TP_GROUP_DOWN = 5
+"""Exit code of a tensor-parallel group's rank 0 when a rank died or a collective failed or timed out."""
 
 SEND_LINGER_MS = 2000
 """On exit, how long queued answers may take to reach the front before they are dropped."""
@@ -105,6 +107,7 @@ class WorkerServer:
         self.spec = spec
         self.settings = settings
         self.runtime: Any = None  # EncoderRuntime once torch is imported
+        self.group: Any = None  # TensorParallelGroup when --tp-size > 1 (this process is its rank 0)
         self._phase = "importing"
         self._started = time.monotonic()
         self._tasks: dict[int, asyncio.Task[None]] = {}
@@ -143,9 +146,12 @@ class WorkerServer:
         runtime_mod = await asyncio.to_thread(importlib.import_module, "encoder_pod.runtime")
         registry = importlib.import_module("encoder_pod.models.registry")
         self._phase = "loading"
-        self.runtime = runtime_mod.EncoderRuntime(
-            self.settings, replica_metrics(), adapter_loader=self._tracked(registry.load_adapter)
-        )
+        load = registry.load_adapter
+        if self.settings.tp_size > 1:
+            tensor = importlib.import_module("encoder_pod.parallel.tensor.group")
+            self.group = tensor.TensorParallelGroup(self.settings, label=f"dp{self.spec.rank}")
+            load = self.group.load_adapter
+        self.runtime = runtime_mod.EncoderRuntime(self.settings, replica_metrics(), adapter_loader=self._tracked(load))
         await self.runtime.start()
         loaded = asyncio.create_task(self.runtime.wait_loaded())
         stop = asyncio.create_task(self._stop.wait())
@@ -181,6 +187,8 @@ class WorkerServer:
         grace = self._stop_grace if self._stop_grace is not None else self.settings.req_timeout
         if self.runtime is not None:
             await self.runtime.shutdown(grace)
+        if self.group is not None:
+            await asyncio.to_thread(self.group.close)  # after the runtime: no forward is running now
         # Started requests were answered or failed by the runtime; let their answers be sent.
         if self._tasks:
             await asyncio.wait(list(self._tasks.values()), timeout=5)

@@ -1,0 +1,106 @@
+"""A follower rank (1..T-1) of a tensor-parallel group: receive a header, its tensors, forward, discard.
+
+Started by rank 0 as ``python -m encoder_pod.parallel.tensor.follower SPEC_JSON PIPE_FD`` (a fresh
+interpreter: the data-parallel worker is a daemon process and may not use multiprocessing
+children). It never sees a request: only tensors rank 0 already validated and preprocessed. It
+exits when rank 0 does (the pipe's write end closes), when told to stop, or when a collective
+fails (rank 0 then takes the group down).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+
+from encoder_pod.parallel.worker import EXIT_OK, EXIT_ORPHANED, EXIT_TP_GROUP_DOWN
+
+log = logging.getLogger(__name__)
+
+
+def _watch_leader(fd: int) -> None:
+    """Leave at once when rank 0 is gone: read() returns EOF when its write end closes."""
+
+    def wait() -> None:
+        while os.read(fd, 1):
+            pass
+        # The main thread may sit in a collective whose peer is gone: no clean exit.
+        log.error("rank 0 of the group is gone; follower exits")
+        os._exit(EXIT_ORPHANED)
+
+    threading.Thread(target=wait, name="tp-leader-watch", daemon=True).start()
+
+
+def main(argv: list[str]) -> int:
+    """Entry point: join the group, then follow rank 0's headers until STOP."""
+    spec_json, pipe_fd = argv[1], int(argv[2])
+    # Ctrl-C reaches the whole process group; rank 0 decides how the group stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _watch_leader(pipe_fd)
+    from encoder_pod.parallel.tensor.member import FollowerSpec
+    from encoder_pod.settings import EncoderSettings
+
+    spec = FollowerSpec.from_json(spec_json)
+    settings = EncoderSettings.model_validate_json(spec.settings_json)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s [{spec.label} tp-rank {spec.rank}] %(name)s: %(message)s",
+        force=True,
+    )
+    return Follower(spec, settings).run()
+
+
+class Follower:
+    """One follower's loop."""
+
+    def __init__(self, spec: "FollowerSpec", settings: "EncoderSettings") -> None:  # noqa: F821 - lazy imports
+        self.spec = spec
+        self.settings = settings
+        self.steps = 0
+
+    def run(self) -> int:
+        """Join, then follow; returns the exit code."""
+        import torch
+
+        from encoder_pod.models.base import PreparedBatch
+        from encoder_pod.parallel.tensor.member import is_collective_failure, join, leave, open_store
+        from encoder_pod.parallel.tensor.wire import Op, WireError
+
+        if self.settings.num_threads:
+            torch.set_num_threads(self.settings.num_threads)
+        store = open_store(self.spec.rank, self.spec.tp_size, self.spec.store_port, self.settings.tp_collective_timeout)
+        adapter, channel = join(self.settings, store, self.spec.rank)
+        expected = 0
+        while True:
+            try:
+                header = channel.receive_header()
+                expected += 1
+                if header.seq != expected:
+                    raise WireError(f"step {header.seq} after {expected - 1}: ranks out of step")
+                if header.op is Op.STOP:
+                    break
+                if header.op is Op.KEEPALIVE:
+                    continue
+                inputs = channel.receive_tensors(header.tensors)
+            except Exception:  # noqa: BLE001 - a failed receive is a broken group
+                log.exception("receive failed; leaving the group")
+                return EXIT_TP_GROUP_DOWN
+            batch = PreparedBatch(inputs=inputs, item_tokens=header.item_tokens)
+            try:
+                adapter.forward(batch)  # the output is replicated: rank 0's copy is the answer
+            except Exception as exc:  # noqa: BLE001 - see below
+                if is_collective_failure(exc):
+                    log.exception("forward of step %d failed in a collective; leaving the group", header.seq)
+                    return EXIT_TP_GROUP_DOWN
+                # Same inputs, same code: rank 0 raised at the same point and answers the error.
+                log.warning("forward of step %d failed on every rank: %s", header.seq, exc)
+            self.steps += 1
+        leave()
+        log.info("stopped after %d forwards", self.steps)
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,246 @@
+"""Rank 0 of a tensor-parallel group: starts the followers, then broadcasts every forward.
+
+The data-parallel worker hosts the :class:`EncoderRuntime` and its batcher as usual; the only
+difference is its adapter loader (:meth:`TensorParallelGroup.load_adapter`), which returns a
+:class:`TensorParallelAdapter`. Preprocessing (validation included) runs on rank 0 only, on the
+batcher's preprocess thread, so a malformed request fails there and never reaches a follower.
+``forward`` then, under one lock, broadcasts a header and the input tensors and runs the sharded
+forward: the lock makes dispatch order equal collective launch order on every rank. Warmup and
+the health encode go through the batcher, hence through this same path.
+
+Failure: the group lives and dies as one process tree. A follower that exits, or a collective that
+fails or times out, makes rank 0 kill the other followers and exit with
+:data:`~encoder_pod.parallel.worker.EXIT_TP_GROUP_DOWN`; the data-parallel supervisor then answers
+the group's in-flight requests 503 and restarts it with backoff. Followers exit when rank 0 does
+(they watch a pipe whose write end only rank 0 holds).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+import encoder_pod
+from encoder_pod.modality import Modality
+from encoder_pod.models.base import EncodedPart, EncoderAdapter, MediaItem, PreparedBatch
+from encoder_pod.parallel.tensor.channel import Channel, metas_of
+from encoder_pod.parallel.tensor.member import FollowerSpec, is_collective_failure, join, leave, open_store
+from encoder_pod.parallel.tensor.wire import Header, Op
+from encoder_pod.parallel.worker import EXIT_LOAD_FAILED, EXIT_TP_GROUP_DOWN
+from encoder_pod.settings import EncoderSettings
+
+log = logging.getLogger(__name__)
+
+STOP_WAIT_S = 10.0
+"""How long stopped followers get to leave the process group before they are killed."""
+
+
+class TensorParallelGroup:
+    """The followers of one group and the dispatch lock that orders every collective."""
+
+    def __init__(self, settings: EncoderSettings, label: str) -> None:
+        self.settings = settings
+        self.label = label
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._last_send = time.monotonic()
+        self._channel: Channel | None = None
+        self._followers: list[subprocess.Popen[bytes]] = []
+        self._pipe_w: int | None = None
+        self._serving = False
+        self._closing = threading.Event()
+        self._keepalive: threading.Thread | None = None
+
+    # --- start ------------------------------------------------------------------------------
+    def load_adapter(self, settings: EncoderSettings) -> "TensorParallelAdapter":
+        """The runtime's adapter loader: start followers, join the group, shard (blocking)."""
+        store = open_store(0, settings.tp_size, 0, settings.tp_collective_timeout)
+        self._start_followers(settings, store.port)
+        adapter, self._channel = join(settings, store, 0)
+        self._serving = True
+        self._keepalive = threading.Thread(target=self._keepalive_loop, name="tp-keepalive", daemon=True)
+        self._keepalive.start()
+        return TensorParallelAdapter(adapter, self)
+
+    def _start_followers(self, settings: EncoderSettings, port: int) -> None:
+        read_fd, self._pipe_w = os.pipe()
+        env = dict(os.environ)
+        root = str(Path(encoder_pod.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        try:
+            for rank in range(1, settings.tp_size):
+                spec = FollowerSpec(self.label, rank, settings.tp_size, port, settings.model_dump_json())
+                cmd = [sys.executable, "-m", "encoder_pod.parallel.tensor.follower", spec.to_json(), str(read_fd)]
+                self._followers.append(subprocess.Popen(cmd, env=env, pass_fds=(read_fd,)))
+        finally:
+            os.close(read_fd)  # only the followers hold the read end; rank 0 holds the write end
+        for rank, proc in enumerate(self._followers, start=1):
+            threading.Thread(target=self._watch, args=(rank, proc), name=f"tp-watch-{rank}", daemon=True).start()
+        log.info("tensor-parallel group %s: followers %s started", self.label, [p.pid for p in self._followers])
+
+    # --- failure ----------------------------------------------------------------------------
+    def _watch(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+        code = proc.wait()
+        if self._closing.is_set():
+            return
+        self.abort(f"rank {rank} (pid {proc.pid}) exited with {code}")
+
+    def abort(self, reason: str) -> None:
+        """The group is broken: kill the followers and leave at once (the supervisor restarts us).
+
+        A clean exit could hang: the model thread may sit in a collective with a dead peer.
+        """
+        code = EXIT_TP_GROUP_DOWN if self._serving else EXIT_LOAD_FAILED
+        log.critical("tensor-parallel group %s is down: %s; exiting so the group restarts", self.label, reason)
+        self._closing.set()
+        for proc in self._followers:
+            if proc.poll() is None:
+                proc.kill()
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(code)
+
+    # --- steps ------------------------------------------------------------------------------
+    def _send(self, header_op: Op, batch: PreparedBatch | None = None) -> None:
+        """Caller holds the lock. Any failure here leaves the ranks out of step: abort."""
+        assert self._channel is not None
+        self._seq += 1
+        inputs = batch.inputs if batch is not None else {}
+        header = Header(header_op, self._seq, metas_of(inputs), batch.item_tokens if batch is not None else [])
+        try:
+            self._channel.send(header, inputs)
+        except Exception as exc:  # noqa: BLE001 - a failed broadcast is a broken group, whatever its type
+            self.abort(f"broadcast of step {self._seq} failed: {type(exc).__name__}: {exc}")
+        self._last_send = time.monotonic()
+
+    def forward(self, inner: EncoderAdapter, batch: PreparedBatch) -> torch.Tensor:
+        """Broadcast the batch and run the sharded forward on every rank, in one locked step."""
+        metas_of(batch.inputs)  # a batch that cannot be broadcast fails here, before any collective
+        with self._lock:
+            if self._closing.is_set():
+                raise RuntimeError(f"tensor-parallel group {self.label} is stopping")
+            self._send(Op.FORWARD, batch)
+            try:
+                return inner.forward(batch)
+            except Exception as exc:
+                if is_collective_failure(exc):
+                    self.abort(f"forward of step {self._seq} failed: {type(exc).__name__}: {exc}")
+                # Any other error is deterministic on the same inputs: the followers raised at the
+                # same point and went on to the next header, so the group is still in step.
+                raise
+
+    def _keepalive_loop(self) -> None:
+        """An idle follower waits in a broadcast bounded by the collective timeout: feed it."""
+        interval = self.settings.tp_collective_timeout / 4
+        while not self._closing.wait(interval / 2):
+            if time.monotonic() - self._last_send < interval:
+                continue
+            with self._lock:
+                if not self._closing.is_set():
+                    self._send(Op.KEEPALIVE)
+
+    # --- stop -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Tell the followers to stop, wait for them (kill stragglers), leave the process group."""
+        with self._lock:
+            if self._closing.is_set():
+                return
+            self._closing.set()
+            if self._channel is not None:
+                try:
+                    self._send_stop()
+                except Exception as exc:  # noqa: BLE001 - stopping anyway; stragglers are killed below
+                    log.warning("tensor-parallel group %s: stop broadcast failed: %s", self.label, exc)
+        deadline = time.monotonic() + STOP_WAIT_S
+        for proc in self._followers:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("tensor-parallel group %s: follower pid %d did not stop; killing it", self.label, proc.pid)
+                proc.kill()
+                proc.wait()
+        if self._pipe_w is not None:
+            os.close(self._pipe_w)
+            self._pipe_w = None
+        leave()
+
+    def _send_stop(self) -> None:
+        assert self._channel is not None
+        self._seq += 1
+        self._channel.send(Header(Op.STOP, self._seq), {})
+
+    def describe(self) -> dict[str, Any]:
+        """The group in /server_info."""
+        return {
+            "tp_size": self.settings.tp_size,
+            "label": self.label,
+            "follower_pids": [p.pid for p in self._followers],
+            "steps": self._seq,
+        }
+
+
+class TensorParallelAdapter(EncoderAdapter):
+    """The wrapped adapter on rank 0: everything runs here except ``forward``, which is broadcast."""
+
+    def __init__(self, inner: EncoderAdapter, group: TensorParallelGroup) -> None:
+        super().__init__(inner.model_dir, inner.settings, inner.device, inner.dtype)
+        self.inner = inner
+        self.group = group
+        # Instance attributes shadow the ClassVars: the runtime reads them from the adapter it holds.
+        self.name = inner.name  # type: ignore[misc]
+        self.modalities = inner.modalities  # type: ignore[misc]
+
+    @classmethod
+    def matches(cls, config: dict[str, Any]) -> bool:
+        """Never chosen from a checkpoint: it only wraps a loaded adapter."""
+        return False
+
+    @classmethod
+    def write_tiny(cls, out: Path, preset: str = "tiny") -> None:
+        """Not a family: write the wrapped family's checkpoint instead."""
+        raise NotImplementedError("TensorParallelAdapter wraps a loaded adapter")
+
+    def load(self) -> None:
+        """Loaded by :meth:`TensorParallelGroup.load_adapter`."""
+
+    def measure(self, item: MediaItem) -> int:
+        """As the wrapped adapter (rank 0 only)."""
+        return self.inner.measure(item)
+
+    def preprocess(self, requests: Sequence[Sequence[MediaItem]]) -> PreparedBatch:
+        """As the wrapped adapter, on rank 0 only: a request that fails here is never broadcast."""
+        return self.inner.preprocess(requests)
+
+    def forward(self, batch: PreparedBatch) -> torch.Tensor:
+        """Broadcast, then the sharded forward on every rank."""
+        return self.group.forward(self.inner, batch)
+
+    def postprocess(self, output: torch.Tensor, batch: PreparedBatch) -> list[EncodedPart]:
+        """As the wrapped adapter (the output is replicated; rank 0's copy is the answer)."""
+        return self.inner.postprocess(output, batch)
+
+    def health_item(self, modality: Modality) -> MediaItem:
+        """As the wrapped adapter."""
+        return self.inner.health_item(modality)
+
+    @property
+    def sample_rate(self) -> int | None:
+        """As the wrapped adapter."""
+        return self.inner.sample_rate
+
+    @property
+    def hidden_size(self) -> int:
+        """As the wrapped adapter."""
+        return self.inner.hidden_size
+
+    def info(self) -> dict[str, Any]:
+        """The wrapped adapter's info plus the group."""
+        return {**self.inner.info(), "tensor_parallel": self.group.describe()}

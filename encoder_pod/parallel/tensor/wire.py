@@ -1,0 +1,90 @@
+"""The header rank 0 broadcasts to its group before every collective step (pure, no torch).
+
+A header is a msgpack map of :class:`Header`: what the followers must do next (forward, keep the
+channel alive, stop) and, for a forward, the name, dtype and shape of every input tensor that
+follows plus the batch's slicing plan. Followers build exactly the tensors the header names, so
+every rank runs the same sequence of collectives; nothing is pickled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import msgpack
+
+WIRE_VERSION = 1
+"""Bumped on any change of :class:`Header`; every rank of a group runs one install."""
+
+DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "uint8", "bool")
+"""Tensor dtypes a header may name (the inputs the supported towers take)."""
+
+MAX_DIMS = 8
+
+
+class WireError(ValueError):
+    """A header that is not one of this version (a bug: both ends are one install)."""
+
+
+class Op(IntEnum):
+    """What the followers do after reading a header."""
+
+    FORWARD = 1
+    """Receive the named tensors, run the sharded forward, discard the output."""
+    KEEPALIVE = 2
+    """Nothing: proves rank 0 is alive so an idle follower's receive never times out."""
+    STOP = 3
+    """Leave the loop and destroy the process group."""
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """One input tensor of a forward, in broadcast order."""
+
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Header:
+    """One step of the group; ``seq`` increases by one per header (a follower checks it)."""
+
+    op: Op
+    seq: int
+    tensors: tuple[TensorMeta, ...] = ()
+    item_tokens: list[list[int]] = field(default_factory=list)
+    """The batch's slicing plan: per request, per item, output rows."""
+
+    def encode(self) -> bytes:
+        """msgpack bytes of this header."""
+        return msgpack.packb(
+            {
+                "v": WIRE_VERSION,
+                "op": int(self.op),
+                "seq": self.seq,
+                "tensors": [[t.key, t.dtype, list(t.shape)] for t in self.tensors],
+                "item_tokens": self.item_tokens,
+            },
+            use_bin_type=True,
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Header":
+        """Inverse of :meth:`encode`; :class:`WireError` if malformed."""
+        try:
+            fields: Any = msgpack.unpackb(data, raw=False)
+        except (ValueError, msgpack.UnpackException) as exc:
+            raise WireError(f"undecodable header: {exc}") from None
+        if not isinstance(fields, dict) or fields.get("v") != WIRE_VERSION:
+            raise WireError(f"header of version {fields.get('v') if isinstance(fields, dict) else None!r}, expected {WIRE_VERSION}")
+        try:
+            tensors = tuple(TensorMeta(str(k), str(d), tuple(int(n) for n in s)) for k, d, s in fields["tensors"])
+            header = cls(Op(fields["op"]), int(fields["seq"]), tensors, [list(map(int, r)) for r in fields["item_tokens"]])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise WireError(f"malformed header: {exc!r}") from None
+        for meta in header.tensors:
+            if meta.dtype not in DTYPES or len(meta.shape) > MAX_DIMS or any(n < 0 for n in meta.shape):
+                raise WireError(f"tensor {meta.key!r}: unsupported {meta.dtype} {meta.shape}")
+        return header
