@@ -7,8 +7,6 @@ the slow part on a 2-core machine).
 from __future__ import annotations
 
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.integration.encode_client import embedding, encode, encode_concurrently
-from tests.support.server import EncoderServer, free_port, png_data_uri
+from tests.support.server import EncoderServer, png_data_uri
 
 pytestmark = pytest.mark.integration
 
@@ -141,10 +139,3 @@ def test_profile_and_info_fan_out_to_every_rank(dp_server, tmp_path: Path):
     assert [w["rank"] for w in workers] == [0, 1] and len({w["pid"] for w in workers}) == 2
     assert all(w["state"] == "ready" and w["placement"] == "CPU, 1 threads" for w in workers), workers
 
-
-def test_tensor_parallel_is_refused_with_a_clear_message(tiny_model):
-    cmd = [sys.executable, "-m", "encoder_pod.cli", "serve", "--model-path", str(tiny_model("qwen2_vl")),
-           "--port", str(free_port()), "--tp-size", "2"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
-    assert "tensor parallel is not available yet" in proc.stderr, proc.stderr[-2000:]
