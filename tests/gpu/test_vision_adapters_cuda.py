@@ -20,7 +20,7 @@ pytestmark = [
 
 def _image(width: int, height: int, seed: int) -> MediaItem:
     pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    return MediaItem(Modality.IMAGE, Image.fromarray(pixels, mode="RGB"))
+    return MediaItem(Modality.IMAGE, Image.fromarray(pixels))
 
 
 def _encode(adapter, requests):
