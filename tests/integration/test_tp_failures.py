@@ -56,7 +56,8 @@ def test_sigkill_of_a_follower_under_load_restarts_the_group_and_answers_everyon
         assert "tensor-parallel group went down" in worker["last_exit"]
         assert server.metric("encoder_dp_worker_deaths_total", 'reason="tp_group_down"') == 1
         assert not _alive(leader)
-        assert f"rank 1 (pid {victim}) exited" in server.log_text()
+        # Whichever noticed first (the watcher, or a broadcast to the dead peer), the group said why.
+        assert "tensor-parallel group dp0 is down" in server.log_text()
 
 
 @pytest.mark.timeout(300)
