@@ -61,6 +61,7 @@ class EncoderRuntime:
         *,
         adapter_loader: Callable[[EncoderSettings], EncoderAdapter] = load_adapter,
         transfer: TransferRouter | None = None,
+        profiler: Profiler | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics or EncoderMetrics()
@@ -72,7 +73,7 @@ class EncoderRuntime:
         self._scheduler: BatchScheduler | None = None
         self._media_exec = ThreadPoolExecutor(settings.mm_load_workers, thread_name_prefix="media")
         self._sources = MediaSources(settings)
-        self._profiler = Profiler()
+        self._profiler = profiler or Profiler()  # a tensor-parallel group passes one that reaches every rank
         self._inflight: set[str] = set()
         self._admitted = 0
         self._last_success = 0.0

@@ -147,11 +147,15 @@ class WorkerServer:
         registry = importlib.import_module("encoder_pod.models.registry")
         self._phase = "loading"
         load = registry.load_adapter
+        profiler = None
         if self.settings.tp_size > 1:
             tensor = importlib.import_module("encoder_pod.parallel.tensor.group")
             self.group = tensor.TensorParallelGroup(self.settings, label=f"dp{self.spec.rank}")
             load = self.group.load_adapter
-        self.runtime = runtime_mod.EncoderRuntime(self.settings, replica_metrics(), adapter_loader=self._tracked(load))
+            profiler = self.group.profiler  # /start_profile and /stop_profile reach every rank of the group
+        self.runtime = runtime_mod.EncoderRuntime(
+            self.settings, replica_metrics(), adapter_loader=self._tracked(load), profiler=profiler
+        )
         await self.runtime.start()
         loaded = asyncio.create_task(self.runtime.wait_loaded())
         stop = asyncio.create_task(self._stop.wait())

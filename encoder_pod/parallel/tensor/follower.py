@@ -3,7 +3,10 @@
 Started by rank 0 as ``python -m encoder_pod.parallel.tensor.follower SPEC_JSON PIPE_FD`` (a fresh
 interpreter: the data-parallel worker is a daemon process and may not use multiprocessing
 children). It never sees a request: only tensors rank 0 already validated and preprocessed. It
-exits when rank 0 does (the pipe's write end closes), when told to stop, or when a collective
+starts and stops its own torch profiler when rank 0's header says so (PROFILE_START / PROFILE_STOP,
+between the same forwards as rank 0), writing into ``<output_dir>/tp-rank-<rank>``. It exits when
+rank 0 does (the pipe's write end closes), when told to stop, when a header is not one it knows
+(a different install: the group fails loudly rather than drift out of step), or when a collective
 fails (rank 0 then takes the group down).
 """
 
@@ -59,6 +62,27 @@ class Follower:
         self.spec = spec
         self.settings = settings
         self.steps = 0
+        self.profiler: "Profiler | None" = None  # noqa: F821 - lazy import
+
+    def _profile(self, header: "Header") -> None:  # noqa: F821 - lazy import
+        """PROFILE_START / PROFILE_STOP: no collective, so a local failure leaves the group in step."""
+        from encoder_pod.parallel.tensor.group import rank_dir
+        from encoder_pod.parallel.tensor.wire import Op
+        from encoder_pod.profiling import Profiler
+
+        if self.profiler is None:
+            self.profiler = Profiler()
+        try:
+            if header.op is Op.PROFILE_START:
+                assert header.profile is not None  # Header.decode checks it
+                # num_steps is rank 0's to count: it broadcasts PROFILE_STOP after that many forwards.
+                self.profiler.start(header.profile.under(rank_dir(self.spec.rank)))
+            elif self.profiler.active:
+                log.info("profile written: %s", self.profiler.stop()["trace"])
+            else:
+                log.warning("step %d: PROFILE_STOP but no profile is running here", header.seq)
+        except Exception as exc:  # noqa: BLE001 - a missing trace must not take the group down
+            log.warning("step %d: %s failed on this rank: %s", header.seq, header.op.name, exc)
 
     def run(self) -> int:
         """Join, then follow; returns the exit code."""
@@ -83,6 +107,11 @@ class Follower:
                     break
                 if header.op is Op.KEEPALIVE:
                     continue
+                if header.op in (Op.PROFILE_START, Op.PROFILE_STOP):
+                    self._profile(header)
+                    continue
+                if header.op is not Op.FORWARD:
+                    raise WireError(f"step {header.seq}: no handler for {header.op!r}")
                 inputs = channel.receive_tensors(header.tensors)
             except Exception:  # noqa: BLE001 - a failed receive is a broken group
                 log.exception("receive failed; leaving the group")
@@ -97,6 +126,11 @@ class Follower:
                 # Same inputs, same code: rank 0 raised at the same point and answers the error.
                 log.warning("forward of step %d failed on every rank: %s", header.seq, exc)
             self.steps += 1
+        if self.profiler is not None and self.profiler.active:
+            try:
+                log.info("profile written at stop: %s", self.profiler.stop()["trace"])
+            except Exception as exc:  # noqa: BLE001 - stopping anyway
+                log.warning("profile stop at STOP failed: %s", exc)
         leave()
         log.info("stopped after %d forwards", self.steps)
         return EXIT_OK

@@ -6,7 +6,11 @@ difference is its adapter loader (:meth:`TensorParallelGroup.load_adapter`), whi
 batcher's preprocess thread, so a malformed request fails there and never reaches a follower.
 ``forward`` then, under one lock, broadcasts a header and the input tensors and runs the sharded
 forward: the lock makes dispatch order equal collective launch order on every rank. Warmup and
-the health encode go through the batcher, hence through this same path.
+the health encode go through the batcher, hence through this same path. So does profiling:
+/start_profile and /stop_profile broadcast PROFILE_START / PROFILE_STOP under the same lock, so every
+rank starts and stops its own torch profiler between the same two forwards and writes its trace
+into ``<output_dir>/tp-rank-<r>``; with ``num_steps`` rank 0 counts the forwards and broadcasts the
+stop (followers never stop by themselves).
 
 Failure: the group lives and dies as one process tree. A follower that exits, or a collective that
 fails or times out, makes rank 0 kill the other followers and exit with
@@ -30,17 +34,24 @@ import torch
 
 import encoder_pod
 from encoder_pod.modality import Modality
+from encoder_pod.errors import InvalidRequest
 from encoder_pod.models.base import EncodedPart, EncoderAdapter, MediaItem, PreparedBatch
 from encoder_pod.parallel.tensor.channel import Channel, metas_of
 from encoder_pod.parallel.tensor.member import FollowerSpec, is_collective_failure, join, leave, open_store
 from encoder_pod.parallel.tensor.wire import Header, Op
 from encoder_pod.parallel.worker import EXIT_LOAD_FAILED, EXIT_TP_GROUP_DOWN
+from encoder_pod.profiling import ProfileOptions, Profiler
 from encoder_pod.settings import EncoderSettings
 
 log = logging.getLogger(__name__)
 
 STOP_WAIT_S = 10.0
 """How long stopped followers get to leave the process group before they are killed."""
+
+
+def rank_dir(rank: int) -> str:
+    """Where tensor-parallel rank ``rank`` writes its trace, under the profile's output_dir."""
+    return f"tp-rank-{rank}"
 
 
 class TensorParallelGroup:
@@ -58,6 +69,11 @@ class TensorParallelGroup:
         self._serving = False
         self._closing = threading.Event()
         self._keepalive: threading.Thread | None = None
+        self._profiler = Profiler()  # rank 0's own; never counts steps (see _count_profiled_step)
+        self._profile: ProfileOptions | None = None
+        self._profile_steps_left: int | None = None
+        self.profiler = GroupProfiler(self)
+        """What the runtime uses instead of its own :class:`Profiler`."""
 
     # --- start ------------------------------------------------------------------------------
     def load_adapter(self, settings: EncoderSettings) -> "TensorParallelAdapter":
@@ -109,12 +125,12 @@ class TensorParallelGroup:
         os._exit(code)
 
     # --- steps ------------------------------------------------------------------------------
-    def _send(self, header_op: Op, batch: PreparedBatch | None = None) -> None:
+    def _send(self, header_op: Op, batch: PreparedBatch | None = None, profile: ProfileOptions | None = None) -> None:
         """Caller holds the lock. Any failure here leaves the ranks out of step: abort."""
         assert self._channel is not None
         self._seq += 1
         inputs = batch.inputs if batch is not None else {}
-        header = Header(header_op, self._seq, metas_of(inputs), batch.item_tokens if batch is not None else [])
+        header = Header(header_op, self._seq, metas_of(inputs), batch.item_tokens if batch is not None else [], profile)
         try:
             self._channel.send(header, inputs)
         except Exception as exc:  # noqa: BLE001 - a failed broadcast is a broken group, whatever its type
@@ -136,6 +152,57 @@ class TensorParallelGroup:
                 # Any other error is deterministic on the same inputs: the followers raised at the
                 # same point and went on to the next header, so the group is still in step.
                 raise
+            finally:
+                self._count_profiled_step()
+
+    # --- profiling --------------------------------------------------------------------------
+    def start_profile(self, options: dict[str, Any]) -> dict[str, Any]:
+        """Every rank starts its profiler, in dispatch order (rank 0 validates before broadcasting)."""
+        opts = ProfileOptions.parse(options)  # a malformed body never reaches a follower
+        tp_size = self.settings.tp_size
+        with self._lock:
+            if self._closing.is_set():
+                raise RuntimeError(f"tensor-parallel group {self.label} is stopping")
+            if self._profiler.active:
+                raise InvalidRequest("a profile is already running; POST /stop_profile first")
+            dirs = [Path(opts.output_dir) / rank_dir(r) for r in range(tp_size)]
+            for path in dirs:  # one host: a directory that cannot be made fails here, for every rank
+                path.mkdir(parents=True, exist_ok=True)
+            self._send(Op.PROFILE_START, profile=opts)
+            try:
+                self._profiler.start(opts.under(rank_dir(0)))
+            except Exception:
+                self._send(Op.PROFILE_STOP)  # the followers started: undo, the group stays consistent
+                raise
+            self._profile, self._profile_steps_left = opts, opts.num_steps
+        log.info("tensor-parallel group %s: profiling on %d ranks into %s", self.label, tp_size, opts.output_dir)
+        return {"status": "ok", "output_dir": opts.output_dir, "tp_rank_dirs": [str(d) for d in dirs]}
+
+    def stop_profile(self) -> dict[str, Any]:
+        """Every rank stops its profiler and writes its trace, in dispatch order."""
+        with self._lock:
+            if not self._profiler.active:
+                raise InvalidRequest("no profile is running; POST /start_profile first")
+            return self._stop_profile_locked()
+
+    def _stop_profile_locked(self) -> dict[str, Any]:
+        opts, self._profile, self._profile_steps_left = self._profile, None, None
+        self._send(Op.PROFILE_STOP)
+        answer = self._profiler.stop()
+        if opts is not None:
+            answer["tp_rank_dirs"] = [str(Path(opts.output_dir) / rank_dir(r)) for r in range(self.settings.tp_size)]
+        return answer
+
+    def _count_profiled_step(self) -> None:
+        """Caller holds the lock. num_steps: rank 0 counts forwards and broadcasts the stop."""
+        if self._profile_steps_left is None:
+            return
+        self._profile_steps_left -= 1
+        if self._profile_steps_left <= 0:
+            try:
+                self._stop_profile_locked()
+            except Exception as exc:  # noqa: BLE001 - the forward's answer matters more than its trace
+                log.warning("tensor-parallel group %s: profile auto-stop failed: %s", self.label, exc)
 
     def _keepalive_loop(self) -> None:
         """An idle follower waits in a broadcast bounded by the collective timeout: feed it."""
@@ -154,6 +221,11 @@ class TensorParallelGroup:
             if self._closing.is_set():
                 return
             self._closing.set()
+            if self._profiler.active:
+                try:
+                    self._profiler.stop()
+                except Exception as exc:  # noqa: BLE001 - stopping anyway
+                    log.warning("tensor-parallel group %s: profile stop failed: %s", self.label, exc)
             if self._channel is not None:
                 try:
                     self._send_stop()
@@ -185,6 +257,35 @@ class TensorParallelGroup:
             "follower_pids": [p.pid for p in self._followers],
             "steps": self._seq,
         }
+
+
+class GroupProfiler(Profiler):
+    """The runtime's profiler on rank 0 of a group: start and stop go to every rank of the group.
+
+    ``step`` does nothing: the group counts forwards under its dispatch lock (num_steps).
+    """
+
+    def __init__(self, group: TensorParallelGroup) -> None:
+        super().__init__()
+        self._group = group
+
+    @property
+    def active(self) -> bool:
+        """True while the group records a profile."""
+        return self._group._profiler.active
+
+    def start(self, options: dict[str, Any] | ProfileOptions) -> dict[str, Any]:
+        """Broadcast PROFILE_START, start rank 0's profiler."""
+        if isinstance(options, ProfileOptions):
+            options = {**vars(options), "activities": list(options.activities)}
+        return self._group.start_profile(options)
+
+    def step(self) -> None:
+        """Counted by the group."""
+
+    def stop(self) -> dict[str, Any]:
+        """Broadcast PROFILE_STOP, stop rank 0's profiler."""
+        return self._group.stop_profile()
 
 
 class TensorParallelAdapter(EncoderAdapter):

@@ -1,8 +1,8 @@
 """The header rank 0 broadcasts to its group before every collective step (pure, no torch).
 
 A header is a msgpack map of :class:`Header`: what the followers must do next (forward, keep the
-channel alive, stop) and, for a forward, the name, dtype and shape of every input tensor that
-follows plus the batch's slicing plan. Followers build exactly the tensors the header names, so
+channel alive, start or stop the profiler, stop) and, for a forward, the name, dtype and shape of
+every input tensor that follows plus the batch's slicing plan; for a profile start, its options. Followers build exactly the tensors the header names, so
 every rank runs the same sequence of collectives; nothing is pickled.
 """
 
@@ -14,7 +14,10 @@ from typing import Any
 
 import msgpack
 
-WIRE_VERSION = 1
+from encoder_pod.errors import InvalidRequest
+from encoder_pod.profiling import ProfileOptions
+
+WIRE_VERSION = 2
 """Bumped on any change of :class:`Header`; every rank of a group runs one install."""
 
 DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "uint8", "bool")
@@ -36,6 +39,10 @@ class Op(IntEnum):
     """Nothing: proves rank 0 is alive so an idle follower's receive never times out."""
     STOP = 3
     """Leave the loop and destroy the process group."""
+    PROFILE_START = 4
+    """Start this rank's torch profiler with the header's options, into ``<output_dir>/tp-rank-<r>``."""
+    PROFILE_STOP = 5
+    """Stop this rank's torch profiler and write its trace (rank 0 decides when, num_steps included)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,8 @@ class Header:
     tensors: tuple[TensorMeta, ...] = ()
     item_tokens: list[list[int]] = field(default_factory=list)
     """The batch's slicing plan: per request, per item, output rows."""
+    profile: ProfileOptions | None = None
+    """PROFILE_START only: the validated /start_profile options (output_dir is the group's)."""
 
     def encode(self) -> bytes:
         """msgpack bytes of this header."""
@@ -66,6 +75,7 @@ class Header:
                 "seq": self.seq,
                 "tensors": [[t.key, t.dtype, list(t.shape)] for t in self.tensors],
                 "item_tokens": self.item_tokens,
+                "profile": None if self.profile is None else _profile_fields(self.profile),
             },
             use_bin_type=True,
         )
@@ -81,10 +91,27 @@ class Header:
             raise WireError(f"header of version {fields.get('v') if isinstance(fields, dict) else None!r}, expected {WIRE_VERSION}")
         try:
             tensors = tuple(TensorMeta(str(k), str(d), tuple(int(n) for n in s)) for k, d, s in fields["tensors"])
-            header = cls(Op(fields["op"]), int(fields["seq"]), tensors, [list(map(int, r)) for r in fields["item_tokens"]])
-        except (KeyError, TypeError, ValueError) as exc:
+            profile = None if fields["profile"] is None else ProfileOptions.parse(dict(fields["profile"]))
+            header = cls(
+                Op(fields["op"]), int(fields["seq"]), tensors, [list(map(int, r)) for r in fields["item_tokens"]], profile
+            )
+        except (KeyError, TypeError, ValueError, InvalidRequest) as exc:
             raise WireError(f"malformed header: {exc!r}") from None
+        if header.tensors and header.op is not Op.FORWARD:
+            raise WireError(f"{header.op.name} header names tensors")
+        if (header.profile is not None) != (header.op is Op.PROFILE_START):
+            raise WireError(f"{header.op.name} header {'without' if header.profile is None else 'with'} profile options")
         for meta in header.tensors:
             if meta.dtype not in DTYPES or len(meta.shape) > MAX_DIMS or any(n < 0 for n in meta.shape):
                 raise WireError(f"tensor {meta.key!r}: unsupported {meta.dtype} {meta.shape}")
         return header
+
+
+def _profile_fields(options: ProfileOptions) -> dict[str, Any]:
+    return {
+        "output_dir": options.output_dir,
+        "activities": list(options.activities),
+        "with_stack": options.with_stack,
+        "record_shapes": options.record_shapes,
+        "num_steps": options.num_steps,
+    }

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 import torch
 
 from encoder_pod.parallel.placement import plan
 from encoder_pod.parallel.tensor.plans import check_divisible, split_sizes
 from encoder_pod.parallel.tensor.sharding import fused_qkv_order
-from encoder_pod.parallel.tensor.wire import Header, Op, TensorMeta, WireError
+from encoder_pod.parallel.tensor.wire import WIRE_VERSION, Header, Op, TensorMeta, WireError
+from encoder_pod.profiling import ProfileOptions
 from encoder_pod.settings import EncoderSettings, SettingsError
 
 QWEN = {"model_type": "qwen2_vl_vision", "num_heads": 16, "embed_dim": 1280, "mlp_ratio": 4}
@@ -68,9 +70,42 @@ def test_header_round_trips():
     assert Header.decode(Header(Op.KEEPALIVE, 8).encode()).op is Op.KEEPALIVE
 
 
+def _fields(header: Header, **changes) -> bytes:
+    fields = msgpack.unpackb(header.encode(), raw=False)
+    return msgpack.packb({**fields, **changes}, use_bin_type=True)
+
+
+def test_profile_headers_round_trip():
+    opts = ProfileOptions("/tmp/p/rank-0", ("CPU",), with_stack=True, record_shapes=True, num_steps=3)
+    start = Header(Op.PROFILE_START, 9, profile=opts)
+    decoded = Header.decode(start.encode())
+    assert decoded == start and decoded.op is Op.PROFILE_START and decoded.profile == opts
+    stop = Header.decode(Header(Op.PROFILE_STOP, 10).encode())
+    assert stop.op is Op.PROFILE_STOP and stop.profile is None and stop.tensors == ()
+    # Defaults survive too (no num_steps: until PROFILE_STOP).
+    assert Header.decode(Header(Op.PROFILE_START, 1, profile=ProfileOptions()).encode()).profile == ProfileOptions()
+
+
+def test_profile_options_name_each_rank_dir_without_num_steps():
+    opts = ProfileOptions.parse({"output_dir": "/x/rank-0", "activities": ["cpu"], "num_steps": 2})
+    assert opts.activities == ("CPU",) and opts.num_steps == 2
+    assert opts.under("tp-rank-1") == ProfileOptions("/x/rank-0/tp-rank-1", ("CPU",))
+
+
 @pytest.mark.parametrize(
     "data",
-    [b"\xc1", Header(Op.STOP, 1).encode().replace(b"\x01", b"\x09", 1), b"\x80"],
+    [
+        b"\xc1",
+        b"\x80",
+        _fields(Header(Op.STOP, 1), v=WIRE_VERSION + 1),
+        _fields(Header(Op.STOP, 1), op=99),  # an op this install does not know: fail loudly
+        _fields(Header(Op.PROFILE_START, 1, profile=ProfileOptions())).replace(b"profile", b"pr0file"),
+        _fields(Header(Op.PROFILE_START, 1), profile=None),  # start without options
+        _fields(Header(Op.PROFILE_STOP, 1), profile={"output_dir": "/x"}),  # options on another op
+        _fields(Header(Op.PROFILE_START, 1, profile=ProfileOptions()), profile={"activities": ["TPU"]}),
+        _fields(Header(Op.PROFILE_START, 1, profile=ProfileOptions()), profile={"num_steps": 0}),
+        _fields(Header(Op.KEEPALIVE, 1), tensors=[["x", "float32", [2]]]),  # tensors only on FORWARD
+    ],
 )
 def test_malformed_headers_are_refused(data):
     with pytest.raises(WireError):
