@@ -11,6 +11,9 @@ from encoder_pod.settings import SettingsError, add_settings_arguments, load_set
 EXIT_MODEL_LOAD = 3
 """Exit code when the model cannot be found: the operator reports such a pod as ModelLoadFailed."""
 
+EXIT_BAD_SETTINGS = 2
+"""Exit code when the settings cannot serve this model (e.g. --tp-size that its heads do not divide)."""
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="encoder-pod", description=__doc__)
@@ -45,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_MODEL_LOAD
     from encoder_pod.server import serve
 
-    serve(settings)
+    try:
+        serve(settings)  # builds the engine first: a model the settings cannot serve is refused there
+    except SettingsError as exc:
+        print(f"encoder-pod: {exc}", file=sys.stderr)
+        return EXIT_BAD_SETTINGS
     return 0
 
 

@@ -110,5 +110,8 @@ def test_sizes_that_do_not_divide_stop_the_pod_at_start(tiny_model):
     cmd = [sys.executable, "-m", "encoder_pod.cli", "serve", "--model-path", str(tiny_model("clip")),
            "--port", str(free_port()), "--tp-size", "3"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
-    assert proc.returncode != 0
-    assert "--tp-size: 3" in proc.stderr and "4 attention heads do not divide by 3" in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    refusal = [line for line in proc.stderr.splitlines() if line.startswith("encoder-pod: ")]
+    assert len(refusal) == 1, proc.stderr[-2000:]
+    assert "--tp-size: 3" in refusal[0] and "4 attention heads do not divide by 3" in refusal[0], refusal
