@@ -6,8 +6,11 @@ model, the slow part on a 2-core machine: servers are shared per module where th
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 from typing import Iterator
 
 import httpx
@@ -83,6 +86,61 @@ def test_a_malformed_request_mid_batch_never_reaches_the_follower(qwen_tp2):
     info = httpx.get(qwen_tp2.base_url + "/server_info", timeout=10).json()
     assert info["workers"][0]["deaths"] == 0
     assert "ranks out of step" not in qwen_tp2.log_text()
+
+
+def _traces(rank_dir: Path, wait_s: float = 30.0) -> list[Path]:
+    """The complete Chrome traces in ``rank_dir``: a follower writes its own after rank 0 answers."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        complete = []
+        for path in sorted(rank_dir.glob("encoder-trace-*.json")):
+            try:
+                json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            complete.append(path)
+        if complete or time.monotonic() > deadline:
+            return complete
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(180)
+def test_profiling_goes_through_the_broadcast_path_to_every_tp_rank(qwen_tp2, tmp_path: Path):
+    url = qwen_tp2.base_url
+    before = _group(qwen_tp2)
+    item = [png_data_uri(64, 48, seed=5)]
+    expected = embedding(encode(url, "prof-before", item, timeout=60))
+
+    started = httpx.post(url + "/start_profile", json={"output_dir": str(tmp_path / "manual")}, timeout=60)
+    assert started.status_code == 200, started.text
+    for i in range(2):
+        np.testing.assert_allclose(embedding(encode(url, f"prof-{i}", item, timeout=60)), expected, rtol=1e-5, atol=1e-6)
+    stopped = httpx.post(url + "/stop_profile", timeout=60)
+    assert stopped.status_code == 200, stopped.text
+    # The front's DP layout (rank-0: the only group), then one directory per tensor-parallel rank.
+    for tp_rank in (0, 1):
+        assert _traces(tmp_path / "manual" / "rank-0" / f"tp-rank-{tp_rank}"), f"no trace for tp rank {tp_rank}"
+
+    # num_steps: rank 0 counts the forwards and broadcasts the stop; both ranks write a trace.
+    auto = {"output_dir": str(tmp_path / "auto"), "num_steps": 2, "record_shapes": True}
+    assert httpx.post(url + "/start_profile", json=auto, timeout=60).status_code == 200
+    for i in range(3):
+        np.testing.assert_allclose(embedding(encode(url, f"auto-{i}", item, timeout=60)), expected, rtol=1e-5, atol=1e-6)
+    for tp_rank in (0, 1):
+        assert _traces(tmp_path / "auto" / "rank-0" / f"tp-rank-{tp_rank}"), f"no auto-stop trace for tp rank {tp_rank}"
+    assert httpx.post(url + "/stop_profile", timeout=60).status_code == 400  # already stopped, on every rank
+
+    # A malformed body is refused on rank 0 and never broadcast.
+    bad = httpx.post(url + "/start_profile", json={"output_dir": str(tmp_path / "bad"), "activities": ["TPU"]}, timeout=60)
+    assert bad.status_code == 400, bad.text
+
+    # The group is still one group in step, and still encodes correctly.
+    after = encode(url, "prof-after", item, timeout=60)
+    np.testing.assert_allclose(embedding(after), expected, rtol=1e-5, atol=1e-6)
+    assert _group(qwen_tp2)["follower_pids"] == before["follower_pids"]
+    assert httpx.get(url + "/server_info", timeout=10).json()["workers"][0]["deaths"] == 0
+    log = qwen_tp2.log_text()
+    assert "ranks out of step" not in log and "no handler for" not in log and "PROFILE_START failed" not in log
 
 
 @pytest.mark.timeout(240)
