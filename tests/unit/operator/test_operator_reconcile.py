@@ -174,7 +174,9 @@ def test_a_child_the_api_server_refuses_is_apply_failed(api: FakeApi, settings: 
     assert "StatefulSet is invalid" in outcome.status["message"]
 
 
-def test_a_hand_edited_service_that_cannot_be_applied_over_is_recreated(api: FakeApi, settings: OperatorSettings) -> None:
+def test_a_hand_edited_service_that_cannot_be_applied_over_is_recreated(
+    api: FakeApi, settings: OperatorSettings
+) -> None:
     """A Service port edited in place: the apply is refused (our port would be a second entry named
     "http") until the operator deletes its own Service and applies a fresh one."""
     run(api, settings)
