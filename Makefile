@@ -25,6 +25,7 @@ help:
 	@echo "make e2e    - only the control-plane end-to-end tier"
 	@echo "make cluster - start a local control plane with fake GPU nodes (Ctrl-C stops it)"
 	@echo "make bench  - run the benchmarks, write bench/results/"
+	@echo "make kind-e2e - (needs Docker + kind) build the images, run the operator e2e tests on a kind cluster"
 
 $(UV):
 	@echo ">> installing uv $(UV_VERSION) into $(TOOLS)"
