@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from . import components
+from .tools import ToolRunner
 from .api import ApiClient, path_for, wait_for
 from .binaries import Binaries, load_binaries
 from .kubeconfig import write_kubeconfig
@@ -59,7 +60,7 @@ class ComponentFailed(RuntimeError):
     """A component exited or never became healthy; the message carries its log tail."""
 
 
-class Cluster:
+class Cluster(ToolRunner):
     """One local cluster. Attributes are valid after ``start()``."""
 
     def __init__(self, binaries: Binaries | None = None, options: ClusterOptions | None = None) -> None:
@@ -86,27 +87,6 @@ class Cluster:
     def api(self) -> ApiClient:
         """A new admin REST client (one per thread; close it, or use it as a context manager)."""
         return ApiClient(self.server, self.token, self.ca_file)
-
-    def tool_env(self) -> dict[str, str]:
-        """Environment for kubectl/helm: this kubeconfig, helm state inside the workdir."""
-        helm_home = self.workdir / "helm"
-        return {
-            **os.environ,
-            "KUBECONFIG": str(self.kubeconfig),
-            "HELM_CACHE_HOME": str(helm_home / "cache"),
-            "HELM_CONFIG_HOME": str(helm_home / "config"),
-            "HELM_DATA_HOME": str(helm_home / "data"),
-        }
-
-    def run_tool(self, binary: Path, *args: str, input: str | None = None, check: bool = True,
-                 timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-        """Run a CLI against this cluster; with ``check`` a failure raises with stdout/stderr."""
-        result = subprocess.run([str(binary), *args], input=input, capture_output=True, text=True,
-                                env=self.tool_env(), timeout=timeout, check=False)
-        if check and result.returncode != 0:
-            raise AssertionError(f"{binary.name} {' '.join(args)} exited {result.returncode}\n"
-                                 f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}")
-        return result
 
     def kubectl(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         """``kubectl ARGS`` with the admin kubeconfig."""

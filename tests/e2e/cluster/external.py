@@ -25,6 +25,7 @@ from typing import Any
 import kubernetes.client
 import kubernetes.config
 
+from .tools import ToolRunner
 from .api import ApiClient, path_for, wait_for
 from .kubeconfig import write_kubeconfig
 
@@ -32,10 +33,11 @@ KUBECONFIG_ENV = "ENCODERPOOL_E2E_KUBECONFIG"
 PORT_FORWARD_TIMEOUT = 30.0
 
 
-class ExternalCluster:
+class ExternalCluster(ToolRunner):
     """A cluster someone else runs (kind, or any other), reached through its kubeconfig."""
 
     external = True
+    tool_timeout = 300.0
     local_node = None
 
     def __init__(self, kubeconfig: Path) -> None:
@@ -63,27 +65,6 @@ class ExternalCluster:
     def log_path(self, component: str) -> Path:
         """Where a process started by the tests logs (nothing of the cluster's own is here)."""
         return self.workdir / "logs" / f"{component}.log"
-
-    def tool_env(self) -> dict[str, str]:
-        """Environment for kubectl/helm: this kubeconfig, helm state in the temp dir."""
-        helm_home = self.workdir / "helm"
-        return {
-            **os.environ,
-            "KUBECONFIG": str(self.kubeconfig),
-            "HELM_CACHE_HOME": str(helm_home / "cache"),
-            "HELM_CONFIG_HOME": str(helm_home / "config"),
-            "HELM_DATA_HOME": str(helm_home / "data"),
-        }
-
-    def run_tool(self, binary: str, *args: str, input: str | None = None, check: bool = True,
-                 timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
-        """Run a CLI against this cluster; with ``check`` a failure raises with stdout/stderr."""
-        result = subprocess.run([binary, *args], input=input, capture_output=True, text=True,
-                                env=self.tool_env(), timeout=timeout, check=False)
-        if check and result.returncode != 0:
-            raise AssertionError(f"{Path(binary).name} {' '.join(args)} exited {result.returncode}\n"
-                                 f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}")
-        return result
 
     def kubectl(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         """``kubectl ARGS`` with the kubeconfig's identity."""
