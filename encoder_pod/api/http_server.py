@@ -54,7 +54,7 @@ async def _until_disconnect(request: Request) -> None:
         pass
 
 
-def _install_error_table(app: FastAPI, engine: Engine) -> None:
+def _install_error_table(app: FastAPI) -> None:
     """The one place where exceptions become status codes."""
 
     @app.exception_handler(EncoderError)
@@ -81,7 +81,7 @@ def create_app(settings: EncoderSettings, engine: Engine) -> FastAPI:
     """The encoder pod's HTTP app over ``engine``."""
     app = FastAPI(title="encoderpool encoder pod", version="0.1.0", lifespan=_lifespan(engine, settings))
     app.state.engine = engine
-    _install_error_table(app, engine)
+    _install_error_table(app)
     metrics = engine.metrics
 
     @app.post("/encode", openapi_extra=ENCODE_OPENAPI)
