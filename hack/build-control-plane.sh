@@ -35,6 +35,8 @@ export GOFLAGS="-mod=mod -buildvcs=false"
 
 mkdir -p "$BIN" "$SRC" "$GOMODCACHE" "$GOCACHE"
 
+# Go's installer puts it in /usr/local/go; a non-login shell (CI) may not have that on PATH.
+command -v go >/dev/null || { [[ -x /usr/local/go/bin/go ]] && export PATH="/usr/local/go/bin:$PATH"; }
 command -v go >/dev/null || { echo "error: go is not on PATH (Go >= 1.26 is needed)" >&2; exit 1; }
 
 # Two concurrent builds (make test in two shells) would fight over the same wrapper dirs.
