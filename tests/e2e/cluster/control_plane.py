@@ -24,7 +24,6 @@ from typing import Any
 import httpx
 
 from . import components
-from .tools import ToolRunner
 from .api import ApiClient, path_for, wait_for
 from .binaries import Binaries, load_binaries
 from .kubeconfig import write_kubeconfig
@@ -32,6 +31,7 @@ from .local_node import LocalNode
 from .nodes import FakeGpuNode, default_fake_gpu_nodes, fake_gpu_node_manifest, node_ready
 from .pki import create_pki
 from .procs import ManagedProcess, Reaper
+from .tools import ClusterAccess
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class ComponentFailed(RuntimeError):
     """A component exited or never became healthy; the message carries its log tail."""
 
 
-class Cluster(ToolRunner):
+class Cluster(ClusterAccess):
     """One local cluster. Attributes are valid after ``start()``."""
 
     def __init__(self, binaries: Binaries | None = None, options: ClusterOptions | None = None) -> None:
@@ -96,11 +96,6 @@ class Cluster(ToolRunner):
         """``helm ARGS`` with the admin kubeconfig."""
         return self.run_tool(self.binaries.helm, *args, **kwargs)
 
-    def kubeconfig_for_token(self, token: str, name: str) -> Path:
-        """A kubeconfig for another identity (e.g. ``kubectl create token`` of a ServiceAccount),
-        so code under test runs with exactly that identity's RBAC, not the admin's."""
-        return write_kubeconfig(self.workdir / f"kubeconfig-{name}", self.server, self.ca_file, token, name)
-
     def pids(self) -> dict[str, int]:
         """PIDs of every process this cluster started (components, reaper), by name."""
         pids = {name: proc.pid for name, proc in self._procs.items()}
@@ -111,16 +106,6 @@ class Cluster(ToolRunner):
     def log_path(self, component: str) -> Path:
         """Log file of a component (etcd, kube-apiserver, ...)."""
         return self.workdir / "logs" / f"{component}.log"
-
-    def create_namespace(self, name: str, labels: Mapping[str, str] | None = None,
-                         timeout: float = 30.0) -> dict[str, Any]:
-        """Create a namespace and wait for its default ServiceAccount (pods are refused before)."""
-        with self.api() as api:
-            namespace = api.create(path_for("v1", "namespaces"),
-                                   {"metadata": {"name": name, "labels": dict(labels or {})}})
-            wait_for(lambda: api.get_or_none(path_for("v1", "serviceaccounts", name, "default")), timeout,
-                     f"ServiceAccount {name}/default")
-        return namespace
 
     # --- lifecycle --------------------------------------------------------------------------------
 

@@ -18,26 +18,26 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import kubernetes.client
 import kubernetes.config
 
-from .tools import ToolRunner
-from .api import ApiClient, path_for, wait_for
-from .kubeconfig import write_kubeconfig
+from .api import ApiClient
+from .tools import ClusterAccess
 
 KUBECONFIG_ENV = "ENCODERPOOL_E2E_KUBECONFIG"
 PORT_FORWARD_TIMEOUT = 30.0
 
 
-class ExternalCluster(ToolRunner):
+class ExternalCluster(ClusterAccess):
     """A cluster someone else runs (kind, or any other), reached through its kubeconfig."""
 
     external = True
     tool_timeout = 300.0
+    namespace_timeout = 60.0
     local_node = None
 
     def __init__(self, kubeconfig: Path) -> None:
@@ -73,20 +73,6 @@ class ExternalCluster(ToolRunner):
     def helm(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         """``helm ARGS`` with the kubeconfig's identity."""
         return self.run_tool(self._helm, *args, **kwargs)
-
-    def kubeconfig_for_token(self, token: str, name: str) -> Path:
-        """A kubeconfig for another identity (a ServiceAccount token), same server and CA."""
-        return write_kubeconfig(self.workdir / f"kubeconfig-{name}", self.server, self.ca_file, token, name)
-
-    def create_namespace(self, name: str, labels: Mapping[str, str] | None = None,
-                         timeout: float = 60.0) -> dict[str, Any]:
-        """Create a namespace and wait for its default ServiceAccount (pods are refused before)."""
-        with self.api() as api:
-            namespace = api.create(path_for("v1", "namespaces"),
-                                   {"metadata": {"name": name, "labels": dict(labels or {})}})
-            wait_for(lambda: api.get_or_none(path_for("v1", "serviceaccounts", name, "default")), timeout,
-                     f"ServiceAccount {name}/default")
-        return namespace
 
     @contextlib.contextmanager
     def http_base(self, namespace: str, pod: str, address: str, port: int) -> Iterator[str]:
