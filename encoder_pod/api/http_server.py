@@ -23,6 +23,9 @@ from encoder_pod.settings import EncoderSettings
 
 log = logging.getLogger(__name__)
 
+CONTROL_BODY_LIMIT = 64 * 1024
+"""Largest body of the small control endpoints (registration, profiling)."""
+
 CLIENT_GONE = 499
 """Status recorded (never sent) for a request whose caller disconnected (nginx's convention)."""
 
@@ -46,6 +49,16 @@ async def _read_body(request: Request, limit: int) -> Any:
         return json.loads(b"".join(chunks))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"body is not valid JSON ({exc})") from None
+
+
+async def _read_object(request: Request, limit: int, empty_ok: bool = False) -> dict[str, Any]:
+    """A JSON object body (small control endpoints); an empty body is ``{}`` when ``empty_ok``."""
+    if empty_ok and not (await request.body()).strip():
+        return {}
+    payload = await _read_body(request, limit)
+    if not isinstance(payload, dict):
+        raise InvalidRequest("body must be a JSON object")
+    return payload
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -139,20 +152,13 @@ def create_app(settings: EncoderSettings, engine: Engine) -> FastAPI:
     @app.post("/scheduler_receive_url")
     async def scheduler_receive_url(request: Request) -> dict[str, Any]:
         """zmq_to_scheduler: register where a prefill rank receives a request's embedding."""
-        payload = await _read_body(request, 64 * 1024)
-        if not isinstance(payload, dict):
-            raise InvalidRequest("body must be a JSON object")
-        await engine.register_receive_url(payload)
+        await engine.register_receive_url(await _read_object(request, CONTROL_BODY_LIMIT))
         return {"status": "ok"}
 
     @app.post("/start_profile")
     async def start_profile(request: Request) -> dict[str, Any]:
         """Start the torch profiler (output_dir, num_steps, activities, with_stack, record_shapes)."""
-        raw = await request.body()
-        options = json.loads(raw) if raw.strip() else {}
-        if not isinstance(options, dict):
-            raise InvalidRequest("body must be a JSON object")
-        return await engine.start_profile(options)
+        return await engine.start_profile(await _read_object(request, CONTROL_BODY_LIMIT, empty_ok=True))
 
     @app.post("/stop_profile")
     async def stop_profile() -> dict[str, Any]:

@@ -147,3 +147,11 @@ def test_url_and_file_sources_follow_policy(tiny_model, media_root: Path):
                 resp = encode(srv.base_url, f"file-bad-{i}", [path])
                 assert resp.status_code == 400, (path, resp.text)
                 assert "outside the allowed media directory" in resp.json()["message"]
+
+
+def test_control_endpoints_refuse_bad_bodies(server):
+    """Malformed bodies on the control endpoints are 400s naming the problem, never 500s."""
+    bad_json = httpx.post(server.base_url + "/start_profile", content=b"{bad", timeout=10)
+    assert bad_json.status_code == 400 and "JSON" in bad_json.json()["message"]
+    not_object = httpx.post(server.base_url + "/scheduler_receive_url", json=[1], timeout=10)
+    assert not_object.status_code == 400 and "JSON object" in not_object.json()["message"]
