@@ -30,7 +30,7 @@ def ceiling(model: Path, concurrency: int, images: int, max_batch: int, device: 
     from encoder_pod.modality import Modality
     from encoder_pod.settings import load_settings
 
-    adapter = load_adapter(load_settings(env={"ENCODER_MODEL_PATH": str(model), "ENCODER_DEVICE": device}))
+    adapter = load_adapter(load_settings(env={"ENCODER_MODEL_PATH": str(model), "ENCODER_DEVICE": device}).model)
     raw = [base64.b64decode(jpeg_uri(seed=i).split(",", 1)[1]) for i in range(8)]
     batch = min(concurrency, max_batch)
 

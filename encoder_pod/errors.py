@@ -3,6 +3,12 @@
 Each error carries an :class:`ErrorKind`; the kind maps to an HTTP status in ONE table
 (:data:`HTTP_STATUS`), used by the HTTP edge and by the typed messages that cross process
 boundaries (data-parallel workers, tensor-parallel ranks, the wire to prefill servers).
+
+Only what the caller sent can be a 4xx. An item's bytes that cannot be used (not decodable, the
+wrong format, too large, too long) are a :class:`MediaError`, raised by the media decoders and
+by an adapter's ``measure``; the runtime names the item (:class:`ItemError`, 400). Any other
+exception is a fault of the server: it is logged once with its traceback and answered as an
+:class:`InternalError` (500).
 """
 
 from __future__ import annotations
@@ -68,8 +74,16 @@ class InvalidRequest(EncoderError):
     kind = ErrorKind.INVALID_REQUEST
 
 
-class ItemError(InvalidRequest):
-    """One media item cannot be used; the message names its index (400)."""
+class MediaError(InvalidRequest, ValueError):
+    """One media item's bytes or decoded content cannot be used (400): bad bytes, format, size, duration.
+
+    Raised where the item's index is unknown (decoders, sources, ``measure``); the runtime turns
+    it into an :class:`ItemError` naming the item. Also a ``ValueError``: it is a bad value.
+    """
+
+
+class ItemError(MediaError):
+    """One media item cannot be used; the message names its index, ``mm_items[i]`` (400)."""
 
     def __init__(self, index: int, reason: str, *, req_id: str | None = None) -> None:
         super().__init__(f"mm_items[{index}]: {reason}", req_id=req_id)

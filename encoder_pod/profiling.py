@@ -1,4 +1,8 @@
-"""/start_profile and /stop_profile: the torch profiler around the model thread's work."""
+"""/start_profile and /stop_profile: the torch profiler around the model thread's work.
+
+:class:`Profiler` is what the runtime drives; :class:`TorchProfiler` records this process, and a
+tensor-parallel group's rank 0 brings its own (``GroupProfiler``) that reaches every rank.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from encoder_pod.errors import InvalidRequest
 
@@ -58,7 +62,28 @@ class ProfileOptions:
         return replace(self, output_dir=str(Path(self.output_dir) / subdir), num_steps=num_steps)
 
 
-class Profiler:
+class Profiler(Protocol):
+    """What the runtime needs of a profiler; every method runs on the model thread."""
+
+    @property
+    def active(self) -> bool:
+        """True while a profile is being recorded."""
+        ...
+
+    def start(self, options: dict[str, Any] | ProfileOptions) -> dict[str, Any]:
+        """Start recording; :class:`InvalidRequest` for a malformed body or one already running."""
+        ...
+
+    def step(self) -> None:
+        """One forward ran (``num_steps`` counting)."""
+        ...
+
+    def stop(self) -> dict[str, Any]:
+        """Stop recording and write the trace; the answer says where it went."""
+        ...
+
+
+class TorchProfiler:
     """One torch profiler session at a time; stops itself after ``num_steps`` forwards if given."""
 
     def __init__(self) -> None:

@@ -18,8 +18,10 @@ from encoder_pod.batching.scheduler import BatchScheduler
 from encoder_pod.errors import (
     DuplicateRequest,
     EncoderError,
+    InternalError,
     InvalidRequest,
     ItemError,
+    MediaError,
     NotReady,
     Overloaded,
     RequestTimeout,
@@ -29,8 +31,8 @@ from encoder_pod.media.decode import decode_item
 from encoder_pod.media.sources import MediaSources
 from encoder_pod.metrics import EncoderMetrics
 from encoder_pod.models.base import EncodedPart, EncoderAdapter, MediaItem
-from encoder_pod.models.registry import load_adapter
-from encoder_pod.profiling import Profiler
+from encoder_pod.models.registry import AdapterLoader, load_adapter
+from encoder_pod.profiling import Profiler, TorchProfiler
 from encoder_pod.protocol import EncodeRequest, ItemSpec, parse_encode_request
 from encoder_pod.settings import EncoderSettings
 from encoder_pod.transfer.base import Transfer
@@ -59,7 +61,7 @@ class EncoderRuntime:
         settings: EncoderSettings,
         metrics: EncoderMetrics | None = None,
         *,
-        adapter_loader: Callable[[EncoderSettings], EncoderAdapter] = load_adapter,
+        adapter_loader: AdapterLoader = load_adapter,
         transfer: TransferRouter | None = None,
         profiler: Profiler | None = None,
     ) -> None:
@@ -69,11 +71,11 @@ class EncoderRuntime:
         self.load_error: str | None = None
         self.adapter: EncoderAdapter | None = None
         self._loader = adapter_loader
-        self._transfer = transfer or TransferRouter(settings)
+        self._transfer = transfer or TransferRouter(settings.transfer, max_registrations=settings.admission.max_queue)
         self._scheduler: BatchScheduler | None = None
-        self._media_exec = ThreadPoolExecutor(settings.mm_load_workers, thread_name_prefix="media")
-        self._sources = MediaSources(settings)
-        self._profiler = profiler or Profiler()  # a tensor-parallel group passes one that reaches every rank
+        self._media_exec = ThreadPoolExecutor(settings.media.mm_load_workers, thread_name_prefix="media")
+        self._sources = MediaSources(settings.media, max_bytes=settings.server.max_request_bytes)
+        self._profiler: Profiler = profiler or TorchProfiler()  # a tensor-parallel group passes one that reaches every rank
         self._inflight: set[str] = set()
         self._admitted = 0
         self._last_success = 0.0
@@ -95,18 +97,18 @@ class EncoderRuntime:
     async def _load(self) -> None:
         started = time.perf_counter()
         try:
-            if self.settings.num_threads:
+            if self.settings.model.num_threads:
                 import torch
 
-                torch.set_num_threads(self.settings.num_threads)
-            adapter = await asyncio.to_thread(self._loader, self.settings)
+                torch.set_num_threads(self.settings.model.num_threads)
+            adapter = await asyncio.to_thread(self._loader, self.settings.model)
             await asyncio.to_thread(adapter.warmup)
         except Exception as exc:  # noqa: BLE001 - any load failure is reported, never raised
             self.state, self.load_error = State.FAILED, f"{type(exc).__name__}: {exc}"
             log.error("model load failed: %s", self.load_error)
             return
         self.adapter = adapter
-        self._scheduler = BatchScheduler(adapter, self.settings, self.metrics, on_forward=self._profiler.step)
+        self._scheduler = BatchScheduler(adapter, self.settings.batching, self.metrics, on_forward=self._profiler.step)
         self._scheduler.start()
         if self.state is State.LOADING:
             self.state = State.READY
@@ -161,13 +163,13 @@ class EncoderRuntime:
             )
         if request.req_id in self._inflight:
             raise DuplicateRequest(f"req_id {request.req_id!r} is already in flight")
-        if self._admitted >= self.settings.max_queue:
-            raise Overloaded(f"queue is full ({self.settings.max_queue} requests waiting); retry later")
+        if self._admitted >= self.settings.admission.max_queue:
+            raise Overloaded(f"queue is full ({self.settings.admission.max_queue} requests waiting); retry later")
         transfer = self._transfer.for_request(request)
         self._inflight.add(request.req_id)
         self._admitted += 1
         self.metrics.inflight.inc()
-        deadline = time.monotonic() + self.settings.req_timeout
+        deadline = time.monotonic() + self.settings.admission.req_timeout
         entry: PendingEntry | None = None
         try:
             entry = await self._admit(request, adapter, deadline)
@@ -190,7 +192,7 @@ class EncoderRuntime:
         try:
             loaded = await asyncio.wait_for(self._load_items(request, adapter), deadline - time.monotonic())
         except TimeoutError:
-            raise RequestTimeout(f"fetching and decoding items took over {self.settings.req_timeout}s") from None
+            raise RequestTimeout(f"fetching and decoding items took over {self.settings.admission.req_timeout}s") from None
         self.metrics.decode_latency.observe(time.perf_counter() - started)
         self._check_serving()
         loop = asyncio.get_running_loop()
@@ -216,7 +218,7 @@ class EncoderRuntime:
             return await asyncio.wait_for(entry.future, max(deadline - time.monotonic(), 0))
         except TimeoutError:
             raise RequestTimeout(
-                f"request {entry.request.req_id!r} timed out after {self.settings.req_timeout}s (ENCODER_REQ_TIMEOUT)"
+                f"request {entry.request.req_id!r} timed out after {self.settings.admission.req_timeout}s (ENCODER_REQ_TIMEOUT)"
             ) from None
 
     async def _load_items(self, request: EncodeRequest, adapter: EncoderAdapter) -> list[tuple[MediaItem, int]]:
@@ -232,17 +234,24 @@ class EncoderRuntime:
         return results  # type: ignore[return-value]
 
     def _load_one(self, request: EncodeRequest, index: int, spec: ItemSpec, adapter: EncoderAdapter) -> tuple[MediaItem, int]:
-        """Fetch, decode and measure one item (media thread)."""
+        """Fetch, decode and measure one item (media thread).
+
+        Only a :class:`MediaError` blames the item (400 naming ``mm_items[i]``). Anything else is
+        a fault of ours: logged here once with its traceback, answered 500.
+        """
         try:
             data = self._sources.fetch(spec.source)
-            item = decode_item(request.modality, data, adapter, self.settings)
+            item = decode_item(request.modality, data, adapter, self.settings.media)
             return item, adapter.measure(item)
+        except MediaError as exc:
+            raise ItemError(index, exc.message, req_id=request.req_id) from None
         except EncoderError:
             raise
-        except ValueError as exc:
-            raise ItemError(index, str(exc), req_id=request.req_id) from None
-        except Exception as exc:  # noqa: BLE001 - a decoder crash on hostile bytes is still the item's fault
-            raise ItemError(index, f"cannot be decoded ({type(exc).__name__}: {exc})", req_id=request.req_id) from None
+        except Exception as exc:
+            log.exception("request %r: loading mm_items[%d] failed", request.req_id, index)
+            raise InternalError(
+                f"loading mm_items[{index}] failed inside the server ({type(exc).__name__}: {exc})", req_id=request.req_id
+            ) from None
 
     # --- health, info, profiling ------------------------------------------------------------
     async def health(self) -> None:
@@ -253,9 +262,9 @@ class EncoderRuntime:
         if self._health_task is None or self._health_task.done():
             self._health_task = asyncio.create_task(self._health_encode(adapter))
         try:
-            await asyncio.wait_for(asyncio.shield(self._health_task), self.settings.health_timeout)
+            await asyncio.wait_for(asyncio.shield(self._health_task), self.settings.observability.health_timeout)
         except TimeoutError:
-            raise NotReady(f"health encode took over {self.settings.health_timeout}s") from None
+            raise NotReady(f"health encode took over {self.settings.observability.health_timeout}s") from None
         except EncoderError as err:
             raise NotReady(f"health encode failed: {err.message}") from None
 

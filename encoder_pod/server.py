@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 def build_engine(settings: EncoderSettings) -> Engine:
     """One runtime in this process, or the data-parallel front over worker processes."""
-    if settings.dp_size > 1 or settings.tp_size > 1:
+    if settings.parallel.dp_size > 1 or settings.parallel.tp_size > 1:
         from encoder_pod.parallel.front import DataParallelFront
 
         return DataParallelFront(settings)
@@ -40,17 +40,17 @@ class _Server(uvicorn.Server):
 def serve(settings: EncoderSettings) -> None:
     """Serve until SIGTERM/SIGINT."""
     logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=settings.observability.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     log.info("effective settings: %s", settings.masked())
     engine = build_engine(settings)
     app = create_app(settings, engine)
     config = uvicorn.Config(
         app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=int(settings.req_timeout) + 5,
+        host=settings.server.host,
+        port=settings.server.port,
+        log_level=settings.observability.log_level,
+        timeout_graceful_shutdown=int(settings.admission.req_timeout) + 5,
         access_log=False,
     )
     _Server(config, engine).run()

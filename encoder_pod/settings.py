@@ -1,24 +1,66 @@
-"""The encoder pod's settings: one pydantic-settings class, parsed once at start.
+"""The encoder pod's settings: one group per concern, parsed once at start and passed down.
 
-Every field is an env var ``ENCODER_<NAME>`` and a CLI flag ``--<name-with-dashes>``. For drop-in
-use where SGLang's names are already deployed, ``SGLANG_ENCODER_<NAME>`` is accepted as an alias;
-the ``ENCODER_`` name wins when both are set.
+Every field is an env var ``ENCODER_<NAME>`` and a CLI flag ``--<name-with-dashes>`` of
+``encoder-pod serve``, where NAME is the field's own name: the groups only organise the code,
+they never appear in a variable or flag name, so the names stay flat and unique across groups.
+``SGLANG_ENCODER_<NAME>`` is accepted as an alias for drop-in use where SGLang's names are
+deployed; the ``ENCODER_`` name wins when both are set, a CLI flag wins over both.
+
+Code reads ``settings.<group>.<name>`` (``settings.batching.max_batch_size``) and each layer is
+handed the group(s) it needs (the batch scheduler gets ``settings.batching``, the media sources
+``settings.media``). The groups:
+
+- ``model``: which checkpoint, on which device and dtype, with how many CPU threads.
+- ``server``: the HTTP listener (bind address, body limit; connection limits, header and drain
+  timeouts and the URL this pod advertises belong here too).
+- ``admission``: what is let in and for how long (queue bound, request deadline).
+- ``batching``: how admitted requests become batches (size, wait, token budget).
+- ``media``: where item bytes may come from and what decoded media may be (sources, size and
+  duration limits, video sampling; allowed media domains belong here).
+- ``transfer``: how embeddings reach prefill servers (backend, wire format, push sockets).
+- ``parallel``: data-parallel workers and tensor-parallel groups, their watchdogs and timeouts.
+- ``observability``: logging and the readiness probe.
+
+A new concern gets its own group (e.g. ``cache`` for an embedding cache size): declare a
+:class:`SettingsGroup` subclass and add one field for it to :class:`EncoderSettings`; the env
+reader, the CLI flags and the error messages pick it up from the model.
+
+Why plain pydantic models and this module's own env reader, not pydantic-settings: the names
+are flat while the model is nested, and pydantic-settings maps nested models only through a
+delimiter (``ENCODER_BATCHING__MAX_BATCH_SIZE``), which would rename every deployed variable;
+the precedence CLI > ``ENCODER_`` > ``SGLANG_ENCODER_`` and error messages that name the
+variable and the flag need a reader that knows which name supplied each value; and data-parallel
+workers and tensor-parallel ranks rebuild the settings from the JSON their parent sends
+(:meth:`EncoderSettings.model_validate_json`), never from their own environment, which differs
+(``CUDA_VISIBLE_DEVICES``, thread counts). A plain model does exactly that and nothing implicit.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, Mapping, get_args, get_origin
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "ENCODER_"
 ALIAS_PREFIX = "SGLANG_ENCODER_"
+
+
+class SettingsError(Exception):
+    """A bad setting; the message names the variable, its flag and the allowed range.
+
+    Raised by library code like any error; only ``encoder_pod.cli`` turns it into an exit code
+    (:attr:`~encoder_pod.exitcodes.ExitCode.BAD_SETTINGS`).
+    """
+
+
+class ModelPathError(SettingsError):
+    """``MODEL_PATH`` holds no checkpoint (the CLI exits with ``MODEL_LOAD_FAILED``)."""
 
 
 class TransferBackend(str, Enum):
@@ -29,155 +71,81 @@ class TransferBackend(str, Enum):
     ZMQ_TO_SCHEDULER = "zmq_to_scheduler"
 
 
-def _env(name: str, default: Any, description: str, **bounds: Any) -> Any:
-    """A settings field read from ENCODER_<NAME>, then SGLANG_ENCODER_<NAME>."""
-    return Field(
-        default,
-        description=description,
-        validation_alias=AliasChoices(name, ENV_PREFIX + name.upper(), ALIAS_PREFIX + name.upper()),
-        **bounds,
-    )
+class SettingsGroup(BaseModel):
+    """Base of every group: immutable, unknown names refused, field docstrings are the help text."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, protected_namespaces=())
 
 
-class EncoderSettings(BaseSettings):
-    """Effective configuration of one encoder pod (all workers share it)."""
+class ModelSettings(SettingsGroup):
+    """Which checkpoint, on which device and dtype."""
 
-    model_config = SettingsConfigDict(
-        case_sensitive=False, extra="ignore", populate_by_name=True, env_ignore_empty=True
-    )
+    model_path: str = ""
+    """Local checkpoint directory (config.json inside)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the encoder runs; auto picks cuda when available."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights and activations dtype; auto is bf16 on GPU, fp32 on CPU."""
+    num_threads: int = Field(0, ge=0, le=1024)
+    """torch intra-op threads per worker on CPU (0 = torch default)."""
+    image_processor_use_gpu: bool = False
+    """Run the image processor on the GPU (fast processors only)."""
 
-    # --- model and placement ---
-    model_path: str = _env("model_path", "", "Local checkpoint directory (config.json inside).")
-    host: str = _env("host", "127.0.0.1", "Address the HTTP server binds.")
-    port: int = _env("port", 30000, "HTTP port.", ge=1, le=65535)
-    device: Literal["auto", "cpu", "cuda"] = _env(
-        "device", "auto", "Where the encoder runs; auto picks cuda when available."
-    )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = _env(
-        "dtype", "auto", "Weights and activations dtype; auto is bf16 on GPU, fp32 on CPU."
-    )
-    dp_size: int = _env("dp_size", 1, "Data-parallel worker processes (one per GPU).", ge=1, le=64)
-    tp_size: int = _env("tp_size", 1, "Tensor-parallel ranks per encoder replica.", ge=1, le=64)
-    num_threads: int = _env(
-        "num_threads", 0, "torch intra-op threads per worker on CPU (0 = torch default).", ge=0, le=1024
-    )
 
-    # --- batching and admission ---
-    max_batch_size: int = _env("max_batch_size", 8, "Most requests in one batch.", ge=1, le=4096)
-    max_wait_ms: float = _env(
-        "max_wait_ms", 0.0, "How long a batch waits for more requests (0 = no wait).", ge=0, le=10_000
-    )
-    max_batch_tokens: int = _env(
-        "max_batch_tokens",
-        16384,
-        "Budget of encoder output tokens per batch; a larger request runs alone.",
-        ge=1,
-        le=10_000_000,
-    )
-    req_timeout: float = _env(
-        "req_timeout", 180.0, "Seconds a request may take in total before 504.", gt=0, le=86_400
-    )
-    max_queue: int = _env("max_queue", 1024, "Most requests waiting; 429 beyond.", ge=1, le=1_000_000)
-    mm_load_workers: int = _env(
-        "mm_load_workers", 4, "Threads that decode media items.", ge=1, le=256
-    )
-    image_processor_use_gpu: bool = _env(
-        "image_processor_use_gpu", False, "Run the image processor on the GPU (fast processors only)."
-    )
-    dp_worker_max_inflight: int = _env(
-        "dp_worker_max_inflight", 64, "Most requests one data-parallel worker holds.", ge=1, le=100_000
-    )
-    dp_restart_backoff: float = _env(
-        "dp_restart_backoff",
-        1.0,
-        "Seconds before a dead data-parallel worker is restarted; doubles per quick death, capped at 30.",
-        gt=0,
-        le=600,
-    )
-    dp_max_failed_starts: int = _env(
-        "dp_max_failed_starts",
-        5,
-        "Consecutive starts of a worker that never got ready before its rank is given up.",
-        ge=1,
-        le=1000,
-    )
-    dp_heartbeat_timeout: float = _env(
-        "dp_heartbeat_timeout",
-        30.0,
-        "Seconds a data-parallel worker may stay silent before it is deemed hung, killed and restarted.",
-        gt=0,
-        le=3600,
-    )
-    tp_collective_timeout: float = _env(
-        "tp_collective_timeout",
-        60.0,
-        "Seconds any tensor-parallel collective may take; past it the group is taken down and restarted.",
-        gt=0,
-        le=3600,
-    )
-    max_request_bytes: int = _env(
-        "max_request_bytes", 64 * 1024 * 1024, "Largest /encode body in bytes; 413 beyond.", ge=1024
-    )
-    max_image_pixels: int = _env(
-        "max_image_pixels", 40_000_000, "Largest decoded image (width x height); 400 beyond.", ge=1
-    )
-    max_audio_seconds: float = _env(
-        "max_audio_seconds", 600.0, "Longest audio item in seconds; 400 beyond.", gt=0
-    )
-    health_timeout: float = _env(
-        "health_timeout", 20.0, "Seconds the health encode may take before 503.", gt=0, le=3600
-    )
+class ServerSettings(SettingsGroup):
+    """The HTTP listener."""
 
-    # --- media sources ---
-    allow_url_fetch: bool = _env("allow_url_fetch", False, "Allow http(s) item URLs.")
-    allowed_url_hosts: list[str] = _env(
-        "allowed_url_hosts", [], "Hosts http(s) items may come from (comma separated)."
-    )
-    url_fetch_timeout: float = _env(
-        "url_fetch_timeout", 10.0, "Connect/read timeout for item URLs in seconds.", gt=0, le=600
-    )
-    allowed_local_media_path: str | None = _env(
-        "allowed_local_media_path", None, "Directory file-path items may come from (unset = refused)."
-    )
+    host: str = "127.0.0.1"
+    """Address the HTTP server binds."""
+    port: int = Field(30000, ge=1, le=65535)
+    """HTTP port."""
+    max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    """Largest /encode body in bytes; 413 beyond (also the largest fetched item)."""
 
-    # --- transfer ---
-    encoder_transfer_backend: TransferBackend = _env(
-        "encoder_transfer_backend", TransferBackend.INLINE, "inline, zmq_to_tokenizer or zmq_to_scheduler."
-    )
-    send_timeout: float = _env(
-        "send_timeout", 180.0, "Seconds a push to prefill may take before it fails.", gt=0, le=86_400
-    )
-    wire_format: Literal["encoderpool", "sglang=0.5.23"] = _env(
-        "wire_format",
-        "encoderpool",
-        "Frames pushed to prefill: encoderpool (msgpack header, no pickle) or sglang=<release> (opt-in pickle).",
-    )
-    transfer_max_sockets: int = _env(
-        "transfer_max_sockets",
-        256,
-        "Most pooled PUSH sockets (one per prefill destination); the least recently used idle one closes beyond.",
-        ge=1,
-        le=65_536,
-    )
-    transfer_socket_idle_s: float = _env(
-        "transfer_socket_idle_s", 300.0, "Seconds an unused pooled PUSH socket stays open.", gt=0, le=86_400
-    )
-    transfer_linger_s: float = _env(
-        "transfer_linger_s", 2.0, "Seconds a closing PUSH socket may keep flushing queued frames.", ge=0, le=600
-    )
 
-    # --- video ---
-    video_fps: float = _env("video_fps", 2.0, "Frames per second sampled from a video.", gt=0, le=120)
-    video_min_frames: int = _env("video_min_frames", 2, "Fewest frames sampled from a video.", ge=1)
-    video_max_frames: int = _env("video_max_frames", 64, "Most frames sampled from a video.", ge=1)
+class AdmissionSettings(SettingsGroup):
+    """What is let in, and for how long."""
 
-    log_level: Literal["debug", "info", "warning", "error"] = _env("log_level", "info", "Log level.")
+    max_queue: int = Field(1024, ge=1, le=1_000_000)
+    """Most requests waiting; 429 beyond."""
+    req_timeout: float = Field(180.0, gt=0, le=86_400)
+    """Seconds a request may take in total before 504."""
 
-    @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):  # type: ignore[no-untyped-def]
-        """Only explicit values: :func:`load_settings` reads the environment itself, so that the
-        ``ENCODER_`` name beats the ``SGLANG_ENCODER_`` alias and errors name the variable."""
-        return (init_settings,)
+
+class BatchingSettings(SettingsGroup):
+    """How admitted requests become batches."""
+
+    max_batch_size: int = Field(8, ge=1, le=4096)
+    """Most requests in one batch."""
+    max_wait_ms: float = Field(0.0, ge=0, le=10_000)
+    """How long a batch waits for more requests (0 = no wait)."""
+    max_batch_tokens: int = Field(16384, ge=1, le=10_000_000)
+    """Budget of encoder output tokens per batch; a larger request runs alone."""
+
+
+class MediaSettings(SettingsGroup):
+    """Where item bytes may come from and what decoded media may be."""
+
+    mm_load_workers: int = Field(4, ge=1, le=256)
+    """Threads that decode media items."""
+    max_image_pixels: int = Field(40_000_000, ge=1)
+    """Largest decoded image (width x height); 400 beyond."""
+    max_audio_seconds: float = Field(600.0, gt=0)
+    """Longest audio item in seconds; 400 beyond."""
+    allow_url_fetch: bool = False
+    """Allow http(s) item URLs."""
+    allowed_url_hosts: list[str] = Field(default_factory=list)
+    """Hosts http(s) items may come from (comma separated)."""
+    url_fetch_timeout: float = Field(10.0, gt=0, le=600)
+    """Connect/read timeout for item URLs in seconds."""
+    allowed_local_media_path: str | None = None
+    """Directory file-path items may come from (unset = refused)."""
+    video_fps: float = Field(2.0, gt=0, le=120)
+    """Frames per second sampled from a video."""
+    video_min_frames: int = Field(2, ge=1)
+    """Fewest frames sampled from a video."""
+    video_max_frames: int = Field(64, ge=1)
+    """Most frames sampled from a video."""
 
     @field_validator("allowed_url_hosts", mode="before")
     @classmethod
@@ -187,81 +155,191 @@ class EncoderSettings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _check_relations(self) -> "EncoderSettings":
+    def _check_frames(self) -> "MediaSettings":
         if self.video_min_frames > self.video_max_frames:
-            raise ValueError("video_min_frames must not exceed video_max_frames")
+            raise ValueError(
+                f"video_min_frames ({ENV_PREFIX}VIDEO_MIN_FRAMES={self.video_min_frames}) must not exceed "
+                f"video_max_frames ({ENV_PREFIX}VIDEO_MAX_FRAMES={self.video_max_frames})"
+            )
         return self
 
+
+class TransferSettings(SettingsGroup):
+    """How embeddings reach prefill servers."""
+
+    encoder_transfer_backend: TransferBackend = TransferBackend.INLINE
+    """inline, zmq_to_tokenizer or zmq_to_scheduler."""
+    send_timeout: float = Field(180.0, gt=0, le=86_400)
+    """Seconds a push to prefill may take before it fails."""
+    wire_format: Literal["encoderpool", "sglang=0.5.23"] = "encoderpool"
+    """Frames pushed to prefill: encoderpool (msgpack header, no pickle) or sglang=<release> (opt-in pickle)."""
+    transfer_max_sockets: int = Field(256, ge=1, le=65_536)
+    """Most pooled PUSH sockets (one per prefill destination); the least recently used idle one closes beyond."""
+    transfer_socket_idle_s: float = Field(300.0, gt=0, le=86_400)
+    """Seconds an unused pooled PUSH socket stays open."""
+    transfer_linger_s: float = Field(2.0, ge=0, le=600)
+    """Seconds a closing PUSH socket may keep flushing queued frames."""
+
+
+class ParallelSettings(SettingsGroup):
+    """Data-parallel workers and tensor-parallel groups."""
+
+    dp_size: int = Field(1, ge=1, le=64)
+    """Data-parallel worker processes (one per GPU)."""
+    tp_size: int = Field(1, ge=1, le=64)
+    """Tensor-parallel ranks per encoder replica."""
+    dp_worker_max_inflight: int = Field(64, ge=1, le=100_000)
+    """Most requests one data-parallel worker holds."""
+    dp_restart_backoff: float = Field(1.0, gt=0, le=600)
+    """Seconds before a dead data-parallel worker is restarted; doubles per quick death, capped at 30."""
+    dp_max_failed_starts: int = Field(5, ge=1, le=1000)
+    """Consecutive starts of a worker that never got ready before its rank is given up."""
+    dp_heartbeat_timeout: float = Field(30.0, gt=0, le=3600)
+    """Seconds a data-parallel worker may stay silent before it is deemed hung, killed and restarted."""
+    tp_collective_timeout: float = Field(60.0, gt=0, le=3600)
+    """Seconds any tensor-parallel collective may take; past it the group is taken down and restarted."""
+
+
+class ObservabilitySettings(SettingsGroup):
+    """Logging and the readiness probe."""
+
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Log level."""
+    health_timeout: float = Field(20.0, gt=0, le=3600)
+    """Seconds the health encode may take before 503."""
+
+
+class EncoderSettings(BaseModel):
+    """Effective configuration of one encoder pod (every worker and rank gets the same JSON)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
+
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    batching: BatchingSettings = Field(default_factory=BatchingSettings)
+    media: MediaSettings = Field(default_factory=MediaSettings)
+    transfer: TransferSettings = Field(default_factory=TransferSettings)
+    parallel: ParallelSettings = Field(default_factory=ParallelSettings)
+    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
+
     def masked(self) -> dict[str, Any]:
-        """The effective config for the start-up log (no secrets today; the hook stays)."""
+        """The effective config by group, for the start-up log and /server_info (no secrets today)."""
         return self.model_dump(mode="json")
 
-
-class SettingsError(SystemExit):
-    """A bad setting: stops the process with a message naming the variable and the bound."""
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    def flat(self) -> dict[str, Any]:
+        """Every value by its setting name (``max_batch_size``), as the env and flags name them."""
+        return {name: value for group in setting_groups() for name, value in getattr(self, group)}
 
 
-def _cli_type(info: FieldInfo) -> Any:
-    ann = info.annotation
-    if ann is bool:
-        return None
-    if get_origin(ann) is Literal:
-        return None
-    return str
+@dataclass(frozen=True)
+class Setting:
+    """One setting as the outside sees it: its group, env names and flag."""
+
+    group: str
+    name: str
+    info: FieldInfo
+
+    @property
+    def env(self) -> str:
+        """``ENCODER_<NAME>``."""
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def alias(self) -> str:
+        """``SGLANG_ENCODER_<NAME>``."""
+        return ALIAS_PREFIX + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        """``--<name-with-dashes>``."""
+        return "--" + self.name.replace("_", "-")
+
+
+def setting_groups() -> dict[str, type[SettingsGroup]]:
+    """Each group's name (its field in :class:`EncoderSettings`) and class, in declaration order."""
+    groups: dict[str, type[SettingsGroup]] = {}
+    for group, group_field in EncoderSettings.model_fields.items():
+        group_cls = group_field.annotation
+        if not (isinstance(group_cls, type) and issubclass(group_cls, SettingsGroup)):
+            raise TypeError(f"EncoderSettings.{group} is not a SettingsGroup")
+        groups[group] = group_cls
+    return groups
+
+
+def all_settings() -> dict[str, Setting]:
+    """Every setting by its (flat, unique) name, in declaration order."""
+    found: dict[str, Setting] = {}
+    for group, group_cls in setting_groups().items():
+        for name, info in group_cls.model_fields.items():
+            if name in found:
+                raise RuntimeError(f"setting {name!r} is declared in groups {found[name].group!r} and {group!r}")
+            found[name] = Setting(group, name, info)
+    return found
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
-    """One CLI flag per settings field, with the same meaning as its env var."""
-    for name, info in EncoderSettings.model_fields.items():
-        env = ENV_PREFIX + name.upper()
-        help_text = f"{info.description} [env {env}]"
+    """One CLI flag per setting, with the same meaning as its env var, shown by group."""
+    sections = {
+        group: parser.add_argument_group(f"{group} settings", (cls.__doc__ or "").strip())
+        for group, cls in setting_groups().items()
+    }
+    for setting in all_settings().values():
+        section, info = sections[setting.group], setting.info
+        help_text = f"{info.description} [env {setting.env}]"
         if info.annotation is bool:
-            parser.add_argument(
-                _flag(name), dest=name, default=None, action=argparse.BooleanOptionalAction, help=help_text
+            section.add_argument(
+                setting.flag, dest=setting.name, default=None, action=argparse.BooleanOptionalAction, help=help_text
             )
         elif get_origin(info.annotation) is Literal:
-            parser.add_argument(_flag(name), dest=name, default=None, choices=get_args(info.annotation), help=help_text)
+            section.add_argument(
+                setting.flag, dest=setting.name, default=None, choices=get_args(info.annotation), help=help_text
+            )
         else:
-            parser.add_argument(_flag(name), dest=name, default=None, help=help_text)
+            section.add_argument(setting.flag, dest=setting.name, default=None, help=help_text)
 
 
-def _describe_error(err: dict[str, Any]) -> str:
-    name = str(err["loc"][0]) if err.get("loc") else "settings"
-    field = EncoderSettings.model_fields.get(name)
-    env = ENV_PREFIX + name.upper() if field else name
+def _describe_error(err: Mapping[str, Any], settings: dict[str, Setting]) -> str:
+    loc = [str(part) for part in err.get("loc", ())]
     ctx = err.get("ctx") or {}
     bounds = ", ".join(f"{k} {v}" for k, v in ctx.items() if k in {"ge", "gt", "le", "lt", "expected"})
-    where = f"{env} / {_flag(name)}" if field else name
-    return f"invalid setting {where}: {err['msg']}" + (f" (allowed: {bounds})" if bounds else "")
+    allowed = f" (allowed: {bounds})" if bounds else ""
+    setting = settings.get(loc[1]) if len(loc) > 1 else None
+    if setting is not None:
+        return f"invalid setting {setting.env} / {setting.flag}: {err['msg']}{allowed}"
+    where = f"{loc[0]} settings" if loc else "settings"
+    return f"invalid {where}: {err['msg']}{allowed}"
 
 
-def load_settings(cli: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> EncoderSettings:
-    """Parse env (ENCODER_* over SGLANG_ENCODER_*) then CLI values on top; exit on a bad value."""
-    cli_values = {k: v for k, v in (cli or {}).items() if v is not None and k in EncoderSettings.model_fields}
+def load_settings(cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> EncoderSettings:
+    """Parse env (``ENCODER_*`` over ``SGLANG_ENCODER_*``), then CLI values on top.
+
+    ``cli`` maps setting names to values (``vars()`` of the parsed arguments; ``None`` = not
+    given, other keys ignored). ``env`` defaults to the process environment. Raises
+    :class:`SettingsError` naming every bad variable and its bound.
+    """
+    settings = all_settings()
     environ = os.environ if env is None else env
-    env_values: dict[str, Any] = {}
-    for name in EncoderSettings.model_fields:
-        for prefix in (ENV_PREFIX, ALIAS_PREFIX):
-            raw = environ.get(prefix + name.upper())
+    given = {k: v for k, v in (cli or {}).items() if v is not None and k in settings}
+    groups: dict[str, dict[str, Any]] = {group: {} for group in setting_groups()}
+    for name, setting in settings.items():
+        if name in given:
+            groups[setting.group][name] = given[name]
+            continue
+        for var in (setting.env, setting.alias):
+            raw = environ.get(var)
             if raw not in (None, ""):
-                env_values[name] = raw
+                groups[setting.group][name] = raw
                 break
     try:
-        # Values are passed explicitly so the result does not depend on the process env twice.
-        return EncoderSettings.model_validate({**env_values, **cli_values})
+        return EncoderSettings.model_validate(groups)
     except ValidationError as exc:
-        raise SettingsError("\n".join(_describe_error(e) for e in exc.errors())) from None
+        raise SettingsError("\n".join(_describe_error(e, settings) for e in exc.errors())) from None
 
 
-def model_dir(settings: EncoderSettings) -> Path:
-    """The checkpoint directory, checked to exist."""
-    path = Path(settings.model_path)
-    if not settings.model_path or not (path / "config.json").is_file():
-        raise SettingsError(
-            f"invalid setting {ENV_PREFIX}MODEL_PATH / --model-path: no config.json in {str(path)!r}"
-        )
+def model_dir(model: ModelSettings) -> Path:
+    """The checkpoint directory, checked to hold a config.json (:class:`ModelPathError` if not)."""
+    path = Path(model.model_path)
+    if not model.model_path or not (path / "config.json").is_file():
+        raise ModelPathError(f"invalid setting {ENV_PREFIX}MODEL_PATH / --model-path: no config.json in {str(path)!r}")
     return path

@@ -85,7 +85,7 @@ def _lifespan(engine: Engine, settings: EncoderSettings):
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         yield
-        await engine.shutdown(grace=settings.req_timeout)
+        await engine.shutdown(grace=settings.admission.req_timeout)
 
     return lifespan
 
@@ -103,7 +103,7 @@ def create_app(settings: EncoderSettings, engine: Engine) -> FastAPI:
         started = time.perf_counter()
         code, req_id = 200, None
         try:
-            body = await _read_body(request, settings.max_request_bytes)
+            body = await _read_body(request, settings.server.max_request_bytes)
             req_id = body.get("req_id") if isinstance(body, dict) else None
             task = asyncio.ensure_future(engine.encode(body))
             watcher = asyncio.ensure_future(_until_disconnect(request))

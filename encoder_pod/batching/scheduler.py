@@ -23,7 +23,7 @@ from encoder_pod.batching.entry import PendingEntry, as_encoder_error
 from encoder_pod.errors import EncoderError, ShuttingDown, SliceMismatch
 from encoder_pod.metrics import EncoderMetrics
 from encoder_pod.models.base import EncodedPart, EncoderAdapter, PreparedBatch
-from encoder_pod.settings import EncoderSettings
+from encoder_pod.settings import BatchingSettings
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class BatchScheduler:
     def __init__(
         self,
         adapter: EncoderAdapter,
-        settings: EncoderSettings,
+        settings: BatchingSettings,
         metrics: EncoderMetrics,
         on_forward: Callable[[], None] | None = None,
     ) -> None:

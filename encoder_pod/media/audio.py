@@ -15,28 +15,30 @@ import numpy as np
 import soundfile as sf
 import soxr
 
+from encoder_pod.errors import MediaError
+
 RESAMPLE_QUALITY = "HQ"
 """soxr's high quality (about -125 dB of aliasing, linear phase): resampling is a few ms per
 minute of audio, far below the encoder's cost, so nothing cheaper is worth its error."""
 
 
 def decode_audio(data: bytes, sample_rate: int, max_seconds: float) -> np.ndarray:
-    """Mono float32 samples at ``sample_rate``; ValueError names why the bytes cannot be used.
+    """Mono float32 samples at ``sample_rate``; MediaError names why the bytes cannot be used.
 
     Refused: bytes that are no audio, zero samples, NaN or infinite samples, and audio longer than
     ``max_seconds`` (checked from the header before decoding where the header says).
     """
     if not data:
-        raise ValueError("empty item (0 bytes)")
+        raise MediaError("empty item (0 bytes)")
     try:
         samples, rate = _read_soundfile(data, max_seconds)
-    except sf.LibsndfileError:
+    except sf.SoundFileError:  # not a format libsndfile knows: FFmpeg may
         samples, rate = _read_ffmpeg(data, max_seconds)
     if samples.size == 0:
-        raise ValueError("audio has no samples")
+        raise MediaError("audio has no samples")
     _check_duration(samples.shape[0] / rate, max_seconds)
     if not np.isfinite(samples).all():
-        raise ValueError("audio has NaN or infinite samples")
+        raise MediaError("audio has NaN or infinite samples")
     mono = samples.mean(axis=1) if samples.ndim == 2 else samples
     if rate != sample_rate:
         mono = soxr.resample(mono, rate, sample_rate, quality=RESAMPLE_QUALITY)
@@ -45,7 +47,7 @@ def decode_audio(data: bytes, sample_rate: int, max_seconds: float) -> np.ndarra
 
 def _check_duration(seconds: float, max_seconds: float) -> None:
     if seconds > max_seconds:
-        raise ValueError(
+        raise MediaError(
             f"audio is {seconds:.1f}s long, above the limit of {max_seconds:g}s (ENCODER_MAX_AUDIO_SECONDS)"
         )
 
@@ -54,7 +56,7 @@ def _read_soundfile(data: bytes, max_seconds: float) -> tuple[np.ndarray, int]:
     """(frames, channels) float32 and the file's rate; LibsndfileError when not its format."""
     with sf.SoundFile(io.BytesIO(data)) as f:
         if f.samplerate <= 0:
-            raise ValueError(f"audio header declares a sample rate of {f.samplerate} Hz")
+            raise MediaError(f"audio header declares a sample rate of {f.samplerate} Hz")
         # The header's frame count is exact for wav/flac; for mp3/ogg it may be an estimate,
         # so the decoded length is checked again by the caller.
         if f.frames > 0:
@@ -62,7 +64,7 @@ def _read_soundfile(data: bytes, max_seconds: float) -> tuple[np.ndarray, int]:
         try:
             return f.read(dtype="float32", always_2d=True), f.samplerate
         except sf.LibsndfileError as exc:
-            raise ValueError(f"audio data is corrupt or truncated ({exc})") from None
+            raise MediaError(f"audio data is corrupt or truncated ({exc})") from None
 
 
 def _read_ffmpeg(data: bytes, max_seconds: float) -> tuple[np.ndarray, int]:
@@ -70,14 +72,14 @@ def _read_ffmpeg(data: bytes, max_seconds: float) -> tuple[np.ndarray, int]:
     try:
         container = av.open(io.BytesIO(data), mode="r")
     except (av.FFmpegError, UnicodeDecodeError) as exc:
-        raise ValueError(f"bytes are not decodable audio ({type(exc).__name__})") from None
+        raise MediaError(f"bytes are not decodable audio ({type(exc).__name__})") from None
     with container:
         if not container.streams.audio:
-            raise ValueError("bytes are not decodable audio (no audio stream)")
+            raise MediaError("bytes are not decodable audio (no audio stream)")
         stream = container.streams.audio[0]
         rate = stream.rate or (stream.codec_context.sample_rate if stream.codec_context else 0)
         if not rate or rate <= 0:
-            raise ValueError("audio stream declares no sample rate")
+            raise MediaError("audio stream declares no sample rate")
         # Planar float per channel, resampling left to soxr: FFmpeg's resampler is not used.
         to_float = av.AudioResampler(format="fltp", layout=stream.layout.name if stream.layout else None, rate=rate)
         chunks: list[np.ndarray] = []
@@ -93,6 +95,6 @@ def _read_ffmpeg(data: bytes, max_seconds: float) -> tuple[np.ndarray, int]:
                 block = out.to_ndarray()
                 chunks.append(block.mean(axis=0))
         except av.FFmpegError as exc:
-            raise ValueError(f"audio data is corrupt or truncated ({type(exc).__name__}: {exc})") from None
+            raise MediaError(f"audio data is corrupt or truncated ({type(exc).__name__}: {exc})") from None
     samples = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
     return samples, rate

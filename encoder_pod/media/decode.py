@@ -7,28 +7,29 @@ from encoder_pod.media.images import decode_image
 from encoder_pod.media.video import decode_video
 from encoder_pod.modality import Modality
 from encoder_pod.models.base import EncoderAdapter, MediaItem
-from encoder_pod.settings import EncoderSettings
+from encoder_pod.errors import MediaError
+from encoder_pod.settings import MediaSettings
 
 
-def decode_item(modality: Modality, data: bytes, adapter: EncoderAdapter, settings: EncoderSettings) -> MediaItem:
-    """A decoded :class:`MediaItem`; ValueError says why the bytes cannot be used.
+def decode_item(modality: Modality, data: bytes, adapter: EncoderAdapter, media: MediaSettings) -> MediaItem:
+    """A decoded :class:`MediaItem`; :class:`MediaError` says why the bytes cannot be used.
 
     Audio is resampled to the adapter's :attr:`~EncoderAdapter.sample_rate`, the rate resolved
     from the model's own configuration at load.
     """
     if modality is Modality.IMAGE:
-        return MediaItem(modality, decode_image(data, settings.max_image_pixels))
+        return MediaItem(modality, decode_image(data, media.max_image_pixels))
     if modality is Modality.AUDIO:
         if adapter.sample_rate is None:
-            raise ValueError(f"{adapter.name} has no audio sample rate: it does not take AUDIO items")
-        return MediaItem(modality, decode_audio(data, adapter.sample_rate, settings.max_audio_seconds))
+            raise MediaError(f"{adapter.name} has no audio sample rate: it does not take AUDIO items")
+        return MediaItem(modality, decode_audio(data, adapter.sample_rate, media.max_audio_seconds))
     if modality is Modality.VIDEO:
         clip = decode_video(
             data,
-            fps=settings.video_fps,
-            min_frames=settings.video_min_frames,
-            max_frames=settings.video_max_frames,
-            max_pixels=settings.max_image_pixels,
+            fps=media.video_fps,
+            min_frames=media.video_min_frames,
+            max_frames=media.video_max_frames,
+            max_pixels=media.max_image_pixels,
         )
         return MediaItem(modality, clip)
-    raise ValueError(f"no decoder for {modality.value} items in this build")
+    raise MediaError(f"no decoder for {modality.value} items in this build")

@@ -16,13 +16,14 @@ from urllib.parse import unquote_to_bytes, urlsplit
 
 import httpx
 
-from encoder_pod.settings import EncoderSettings
+from encoder_pod.errors import MediaError
+from encoder_pod.settings import MediaSettings
 
 _BASE64 = re.compile(r"^[A-Za-z0-9+/_\-\s]*={0,2}\s*$")
 
 
-class SourceError(ValueError):
-    """The item's bytes cannot be had; the message says why."""
+class SourceError(MediaError):
+    """The item's bytes cannot be had (refused source, bad base64, fetch failed); the message says why."""
 
 
 def _b64decode(text: str) -> bytes:
@@ -53,10 +54,11 @@ def looks_like_base64(text: str) -> bool:
 class MediaSources:
     """Turns an item's source string into bytes under the configured policy."""
 
-    def __init__(self, settings: EncoderSettings) -> None:
-        self._settings = settings
-        self._max_bytes = settings.max_request_bytes
-        root = settings.allowed_local_media_path
+    def __init__(self, media: MediaSettings, max_bytes: int) -> None:
+        """``max_bytes``: the largest item fetched from a URL or a file (the body limit)."""
+        self._settings = media
+        self._max_bytes = max_bytes
+        root = media.allowed_local_media_path
         self._root = Path(os.path.realpath(root)) if root else None
 
     def fetch(self, source: str) -> bytes:
@@ -75,32 +77,44 @@ class MediaSources:
     def _url(self, url: str) -> bytes:
         if not self._settings.allow_url_fetch:
             raise SourceError("URL items are refused: fetching is off (ENCODER_ALLOW_URL_FETCH=false)")
-        host = (urlsplit(url).hostname or "").lower()
+        try:
+            host = (urlsplit(url).hostname or "").lower()
+        except ValueError as exc:  # e.g. an unclosed IPv6 bracket
+            raise SourceError(f"malformed URL ({exc})") from None
         if host not in self._settings.allowed_url_hosts:
             raise SourceError(f"host {host!r} is not in ENCODER_ALLOWED_URL_HOSTS")
         timeout = httpx.Timeout(self._settings.url_fetch_timeout)
         # Redirects are not followed: a redirect could lead off the allowed hosts.
-        with httpx.Client(timeout=timeout, follow_redirects=False) as client:
-            with client.stream("GET", url) as resp:
-                if resp.status_code != 200:
-                    raise SourceError(f"fetching {url} gave HTTP {resp.status_code}")
-                chunks, size = [], 0
-                for chunk in resp.iter_bytes():
-                    size += len(chunk)
-                    if size > self._max_bytes:
-                        raise SourceError(f"{url} is larger than {self._max_bytes} bytes")
-                    chunks.append(chunk)
-                return b"".join(chunks)
+        try:
+            with httpx.Client(timeout=timeout, follow_redirects=False) as client:
+                with client.stream("GET", url) as resp:
+                    if resp.status_code != 200:
+                        raise SourceError(f"fetching {url} gave HTTP {resp.status_code}")
+                    chunks, size = [], 0
+                    for chunk in resp.iter_bytes():
+                        size += len(chunk)
+                        if size > self._max_bytes:
+                            raise SourceError(f"{url} is larger than {self._max_bytes} bytes")
+                        chunks.append(chunk)
+                    return b"".join(chunks)
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:  # unreachable, timed out, reset: the URL's fault
+            raise SourceError(f"fetching {url} failed ({type(exc).__name__}: {exc})") from None
 
     def _file(self, path: str) -> bytes:
         if self._root is None:
             raise SourceError("file paths are refused (ENCODER_ALLOWED_LOCAL_MEDIA_PATH is unset)")
         # realpath resolves '..' and every symbolic link, so the check sees where the bytes live.
-        real = Path(os.path.realpath(self._root / path if not os.path.isabs(path) else path))
+        try:
+            real = Path(os.path.realpath(self._root / path if not os.path.isabs(path) else path))
+        except ValueError:  # an embedded NUL: no file can have this name
+            raise SourceError(f"path {path!r} is not a valid file name") from None
         if not real.is_relative_to(self._root):
             raise SourceError(f"path {path!r} is outside the allowed media directory")
         if not real.is_file():
             raise SourceError(f"no such file {path!r} under the allowed media directory")
-        if real.stat().st_size > self._max_bytes:
-            raise SourceError(f"file {path!r} is larger than {self._max_bytes} bytes")
-        return real.read_bytes()
+        try:
+            if real.stat().st_size > self._max_bytes:
+                raise SourceError(f"file {path!r} is larger than {self._max_bytes} bytes")
+            return real.read_bytes()
+        except OSError as exc:  # unreadable (permissions, vanished): this item's file, not the server
+            raise SourceError(f"file {path!r} cannot be read ({type(exc).__name__})") from None

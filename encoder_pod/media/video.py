@@ -15,6 +15,8 @@ from fractions import Fraction
 import av
 import numpy as np
 
+from encoder_pod.errors import MediaError
+
 from encoder_pod.models.base import VideoClip
 
 
@@ -35,7 +37,7 @@ def plan_frames(total: int, native_fps: float, fps: float, min_frames: int, max_
     the sampled frames cover the clip even when the clamp changes the effective rate.
     """
     if total < 1:
-        raise ValueError("video has no frames")
+        raise MediaError("video has no frames")
     duration = total / native_fps if native_fps > 0 else total / fps
     wanted = math.floor(duration * fps + 0.5)  # half up, not banker's rounding
     count = min(max(wanted, min_frames), max_frames)
@@ -44,9 +46,9 @@ def plan_frames(total: int, native_fps: float, fps: float, min_frames: int, max_
 
 
 def decode_video(data: bytes, fps: float, min_frames: int, max_frames: int, max_pixels: int) -> VideoClip:
-    """RGB frames (T, H, W, 3) uint8 sampled per :func:`plan_frames`; ValueError says why not."""
+    """RGB frames (T, H, W, 3) uint8 sampled per :func:`plan_frames`; MediaError says why not."""
     if not data:
-        raise ValueError("empty item (0 bytes)")
+        raise MediaError("empty item (0 bytes)")
     total, native_fps, size = _count_frames(data, max_pixels)
     plan = plan_frames(total, native_fps, fps, min_frames, max_frames)
     frames = _decode_at(data, plan.indices, size)
@@ -57,12 +59,12 @@ def _open(data: bytes) -> av.container.InputContainer:
     try:
         return av.open(io.BytesIO(data), mode="r")
     except (av.FFmpegError, UnicodeDecodeError) as exc:
-        raise ValueError(f"bytes are not a decodable video ({type(exc).__name__})") from None
+        raise MediaError(f"bytes are not a decodable video ({type(exc).__name__})") from None
 
 
 def _video_stream(container: av.container.InputContainer) -> av.video.stream.VideoStream:
     if not container.streams.video:
-        raise ValueError("bytes are not a decodable video (no video stream)")
+        raise MediaError("bytes are not a decodable video (no video stream)")
     return container.streams.video[0]
 
 
@@ -72,9 +74,9 @@ def _count_frames(data: bytes, max_pixels: int) -> tuple[int, float, tuple[int, 
         stream = _video_stream(container)
         width, height = stream.codec_context.width, stream.codec_context.height
         if width < 1 or height < 1:
-            raise ValueError("bytes are not a decodable video (the stream declares no frame size)")
+            raise MediaError("bytes are not a decodable video (the stream declares no frame size)")
         if width * height > max_pixels:
-            raise ValueError(
+            raise MediaError(
                 f"video frames are {width}x{height} pixels ({width * height}), above the limit of "
                 f"{max_pixels} (ENCODER_MAX_IMAGE_PIXELS)"
             )
@@ -82,7 +84,7 @@ def _count_frames(data: bytes, max_pixels: int) -> tuple[int, float, tuple[int, 
         try:
             total = sum(1 for packet in container.demux(stream) if packet.size)
         except av.FFmpegError as exc:
-            raise ValueError(f"video data is corrupt ({type(exc).__name__}: {exc})") from None
+            raise MediaError(f"video data is corrupt ({type(exc).__name__}: {exc})") from None
     return total, float(rate) if rate else 0.0, (width, height)
 
 
@@ -113,9 +115,9 @@ def _decode_at(data: bytes, indices: list[int], size: tuple[int, int]) -> np.nda
                 if position >= indices[-1]:
                     break
         except av.FFmpegError as exc:
-            raise ValueError(f"video data is corrupt ({type(exc).__name__}: {exc})") from None
+            raise MediaError(f"video data is corrupt ({type(exc).__name__}: {exc})") from None
     if latest is None:
-        raise ValueError("video data is corrupt (no frame could be decoded)")
+        raise MediaError("video data is corrupt (no frame could be decoded)")
     if len(kept) < len(indices):
         # More packets than decodable frames (a damaged tail): the missing samples repeat the
         # last decoded frame rather than shrink the clip below min_frames.

@@ -20,9 +20,10 @@ import numpy as np
 import torch
 from transformers import WhisperFeatureExtractor
 
+from encoder_pod.errors import MediaError
 from encoder_pod.modality import Modality
-from encoder_pod.models.base import EncoderAdapter, MediaItem, PreparedBatch, check_loading_info
-from encoder_pod.models.vision import check_preset, names_family, randomize, regroup, save_atomically
+from encoder_pod.models.base import BaseAdapter, MediaItem, PreparedBatch, check_loading_info
+from encoder_pod.models.vision import check_preset, randomize, regroup, save_atomically
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +87,14 @@ def sine(seconds: float, rate: int, freq: float = 440.0) -> np.ndarray:
     return (0.5 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
 
 
-class AudioAdapter(EncoderAdapter):
+class AudioAdapter(BaseAdapter):
     """A Whisper-style tower with a ``WhisperFeatureExtractor``; subclasses count rows and run it."""
 
     modalities: ClassVar[frozenset[Modality]] = frozenset({Modality.AUDIO})
     model_cls: ClassVar[type]
     config_cls: ClassVar[type]
-    model_type: ClassVar[str]
     presets: ClassVar[dict[str, dict[str, Any]]]
+    """Tower sizes of the tiny checkpoints (:func:`write_tiny`)."""
 
     model: Any
     feature_extractor: WhisperFeatureExtractor
@@ -111,26 +112,6 @@ class AudioAdapter(EncoderAdapter):
         raise NotImplementedError
 
     # --- construction -----------------------------------------------------------------------
-    @classmethod
-    def matches(cls, config: dict[str, Any]) -> bool:
-        """The saved tower's config: its model_type and, if named, its class."""
-        return names_family(config, cls.model_type, [cls.model_cls.__name__])
-
-    @classmethod
-    def write_tiny(cls, out: Path, preset: str = "tiny") -> None:
-        """Seeded random tower plus a 16 kHz ``WhisperFeatureExtractor`` config, written offline."""
-        check_preset(preset)
-        config = cls.config_cls(**cls.presets[preset])
-        model = cls.model_cls(config)
-        randomize(model, seed=zlib.crc32(cls.name.encode()))
-        extractor = WhisperFeatureExtractor(feature_size=config.num_mel_bins, sampling_rate=DEFAULT_SAMPLE_RATE)
-
-        def write(tmp: Path) -> None:
-            model.save_pretrained(tmp)
-            extractor.save_pretrained(tmp)
-
-        save_atomically(out, write)
-
     def load(self) -> None:
         """Resolve the sample rate, build the feature extractor for it, load the tower strictly."""
         self._rate, self._rate_source = resolve_sample_rate(self.model_dir, self.name)
@@ -171,19 +152,19 @@ class AudioAdapter(EncoderAdapter):
         return windows
 
     def measure(self, item: MediaItem) -> int:
-        """Rows from the valid frames of every window; ValueError for audio the model cannot take."""
+        """Rows from the valid frames of every window; :class:`MediaError` for audio the model cannot take."""
         if item.modality not in self.modalities:
-            raise ValueError(f"this model encodes AUDIO items, not {item.modality.value}")
+            raise MediaError(f"this model encodes AUDIO items, not {item.modality.value}")
         wave = item.data
         if not isinstance(wave, np.ndarray) or wave.ndim != 1:
-            raise ValueError("an AUDIO item must be a decoded mono waveform")
+            raise MediaError("an AUDIO item must be a decoded mono waveform")
         if wave.size == 0:
-            raise ValueError("audio has no samples")
+            raise MediaError("audio has no samples")
         if not np.isfinite(wave).all():
-            raise ValueError("audio has NaN or infinite samples")
+            raise MediaError("audio has NaN or infinite samples")
         rows = sum(r for _, _, r in self._windows(wave.size))
         if rows == 0:
-            raise ValueError(
+            raise MediaError(
                 f"audio is {1000 * wave.size / self._rate:.1f} ms long: too short for one output row "
                 f"(at least {1000 * self.min_samples / self._rate:.1f} ms)"
             )
@@ -261,3 +242,18 @@ class AudioAdapter(EncoderAdapter):
             "sample_rate_source": self._rate_source,
             "window_seconds": self.feature_extractor.n_samples / self._rate,
         }
+
+
+def write_tiny(adapter: type[AudioAdapter], out: Path, preset: str = "tiny") -> None:
+    """Seeded random ``adapter`` tower plus a 16 kHz ``WhisperFeatureExtractor`` config, written offline."""
+    check_preset(preset)
+    config = adapter.config_cls(**adapter.presets[preset])
+    model = adapter.model_cls(config)
+    randomize(model, seed=zlib.crc32(adapter.name.encode()))
+    extractor = WhisperFeatureExtractor(feature_size=config.num_mel_bins, sampling_rate=DEFAULT_SAMPLE_RATE)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        extractor.save_pretrained(tmp)
+
+    save_atomically(out, write)

@@ -1,23 +1,41 @@
-"""The adapter contract every encoder family implements: preprocess / forward / postprocess / warmup.
+"""The serving contract every adapter implements: measure / preprocess / forward / postprocess / warmup.
 
 The split lets the batch worker run CPU preprocessing of the next batch while this batch's
 forward runs. An adapter never sees HTTP, queues or transports: it turns decoded media into
 embeddings and says how many output rows each item produced.
+
+:class:`EncoderAdapter` is the Protocol the runtime, the batcher and the media decoders use;
+:class:`BaseAdapter` is the base class of the families' adapters (strict loading, slicing,
+warmup, /server_info facts). Which checkpoints a family serves and how its test checkpoints are
+written is not part of serving: that is the family's (``encoder_pod.models.family``).
 """
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Protocol, Sequence
 
 import torch
 
 from encoder_pod.errors import SliceMismatch
 from encoder_pod.modality import Modality
-from encoder_pod.settings import EncoderSettings
+from encoder_pod.models.family import Checkpoint, read_config
+from encoder_pod.settings import ModelSettings
+
+__all__ = [
+    "BaseAdapter",
+    "EncodedPart",
+    "EncoderAdapter",
+    "MediaItem",
+    "PreparedBatch",
+    "VideoClip",
+    "check_loading_info",
+    "read_config",
+    "slice_output",
+    "warm_up",
+]
 
 
 @dataclass(frozen=True)
@@ -67,33 +85,79 @@ class EncodedPart:
     item_grids: list[list[int]]
 
 
-class EncoderAdapter(ABC):
-    """One encoder family: loads the explicit HF class and its processor from a local checkpoint."""
+class EncoderAdapter(Protocol):
+    """What serving needs of a loaded encoder (the runtime, the batcher, the media decoders)."""
+
+    @property
+    def name(self) -> str:
+        """The family's name, e.g. ``qwen2_vl`` (/server_info, logs)."""
+        ...
+
+    @property
+    def modalities(self) -> frozenset[Modality]:
+        """The modalities this model encodes."""
+        ...
+
+    def measure(self, item: MediaItem) -> int:
+        """Validate one decoded item and return the output rows it will produce.
+
+        Raises :class:`~encoder_pod.errors.MediaError` with a human reason when the model cannot
+        take the item (400 naming it); anything else it raises is a fault (500).
+        """
+        ...
+
+    def preprocess(self, requests: Sequence[Sequence[MediaItem]]) -> PreparedBatch:
+        """ONE processor call for every item of every request in the batch (CPU work)."""
+        ...
+
+    def forward(self, batch: PreparedBatch) -> torch.Tensor:
+        """ONE forward for the batch; returns (total rows, hidden) with rows in item order."""
+        ...
+
+    def postprocess(self, output: torch.Tensor, batch: PreparedBatch) -> list[EncodedPart]:
+        """Slice the output back per request by output rows, never by item count."""
+        ...
+
+    def warmup(self) -> None:
+        """Run one real encode so the first request pays no lazy initialisation."""
+        ...
+
+    def health_item(self, modality: Modality) -> MediaItem:
+        """A tiny valid item (a 32x32 image, 10 ms of audio) for health encodes."""
+        ...
+
+    @property
+    def sample_rate(self) -> int | None:
+        """Audio sample rate the model expects (decoders resample to it), or None."""
+        ...
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of one output row."""
+        ...
+
+    def info(self) -> dict[str, Any]:
+        """What /server_info shows about the model."""
+        ...
+
+
+class BaseAdapter(ABC):
+    """Base of the families' adapters: loads the explicit HF class and its processor from a checkpoint.
+
+    Implements :class:`EncoderAdapter`; subclasses provide ``load``, ``measure``, ``preprocess``,
+    ``forward``, ``health_item`` and ``hidden_size``.
+    """
 
     name: ClassVar[str]
-    """Architecture name used by make-tiny-model and /server_info, e.g. ``qwen2_vl``."""
+    """The family's name, e.g. ``qwen2_vl``."""
     modalities: ClassVar[frozenset[Modality]]
 
-    def __init__(self, model_dir: Path, settings: EncoderSettings, device: torch.device, dtype: torch.dtype):
-        self.model_dir = Path(model_dir)
+    def __init__(self, checkpoint: Checkpoint, settings: ModelSettings, device: torch.device, dtype: torch.dtype):
+        self.checkpoint = checkpoint
+        self.model_dir = Path(checkpoint.path)
         self.settings = settings
         self.device = device
         self.dtype = dtype
-
-    # --- selection and construction -------------------------------------------------------
-    @classmethod
-    @abstractmethod
-    def matches(cls, config: dict[str, Any]) -> bool:
-        """True when ``config.json`` (as a dict) describes this family."""
-
-    @classmethod
-    @abstractmethod
-    def write_tiny(cls, out: Path, preset: str = "tiny") -> None:
-        """Write a random-weight checkpoint and its processor config to ``out`` (offline).
-
-        ``preset`` is ``tiny`` (tests: about 1 MB, several heads) or ``moderate`` (benchmarks:
-        the sizes in shared/reference/models.md).
-        """
 
     @abstractmethod
     def load(self) -> None:
@@ -102,10 +166,7 @@ class EncoderAdapter(ABC):
     # --- per item, before batching ---------------------------------------------------------
     @abstractmethod
     def measure(self, item: MediaItem) -> int:
-        """Validate one decoded item and return the output rows it will produce.
-
-        Raises ``ValueError`` with a human reason when the model cannot take the item.
-        """
+        """As :meth:`EncoderAdapter.measure`."""
 
     # --- per batch --------------------------------------------------------------------------
     @abstractmethod
@@ -118,24 +179,11 @@ class EncoderAdapter(ABC):
 
     def postprocess(self, output: torch.Tensor, batch: PreparedBatch) -> list[EncodedPart]:
         """Slice the output back per request by output rows, never by item count."""
-        if output.shape[0] != batch.total_tokens:
-            raise SliceMismatch(expected=batch.total_tokens, produced=int(output.shape[0]))
-        output = output.detach().to("cpu")
-        parts: list[EncodedPart] = []
-        start = 0
-        grids = batch.item_grids or [[[] for _ in tokens] for tokens in batch.item_tokens]
-        for tokens, item_grids in zip(batch.item_tokens, grids):
-            rows = sum(tokens)
-            parts.append(EncodedPart(output[start : start + rows].contiguous(), list(tokens), item_grids))
-            start += rows
-        return parts
+        return slice_output(output, batch)
 
     def warmup(self) -> None:
         """Run one real encode so the first request pays no lazy initialisation."""
-        item = self.health_item(sorted(self.modalities, key=lambda m: m.value)[0])
-        self.measure(item)
-        batch = self.preprocess([[item]])
-        self.postprocess(self.forward(batch), batch)
+        warm_up(self)
 
     @abstractmethod
     def health_item(self, modality: Modality) -> MediaItem:
@@ -157,6 +205,7 @@ class EncoderAdapter(ABC):
         return {
             "arch": self.name,
             "model_dir": str(self.model_dir),
+            "layout": self.checkpoint.layout.value,
             "modalities": sorted(m.value for m in self.modalities),
             "hidden_size": self.hidden_size,
             "sample_rate": self.sample_rate,
@@ -165,9 +214,27 @@ class EncoderAdapter(ABC):
         }
 
 
-def read_config(model_dir: Path) -> dict[str, Any]:
-    """The checkpoint's config.json as a dict."""
-    return json.loads((Path(model_dir) / "config.json").read_text())
+def warm_up(adapter: EncoderAdapter) -> None:
+    """One real encode of the adapter's health item, through its own four stages."""
+    item = adapter.health_item(sorted(adapter.modalities, key=lambda m: m.value)[0])
+    adapter.measure(item)
+    batch = adapter.preprocess([[item]])
+    adapter.postprocess(adapter.forward(batch), batch)
+
+
+def slice_output(output: torch.Tensor, batch: PreparedBatch) -> list[EncodedPart]:
+    """One :class:`EncodedPart` per request, cut by output rows; :class:`SliceMismatch` if they do not add up."""
+    if output.shape[0] != batch.total_tokens:
+        raise SliceMismatch(expected=batch.total_tokens, produced=int(output.shape[0]))
+    output = output.detach().to("cpu")
+    parts: list[EncodedPart] = []
+    start = 0
+    grids = batch.item_grids or [[[] for _ in tokens] for tokens in batch.item_tokens]
+    for tokens, item_grids in zip(batch.item_tokens, grids):
+        rows = sum(tokens)
+        parts.append(EncodedPart(output[start : start + rows].contiguous(), list(tokens), item_grids))
+        start += rows
+    return parts
 
 
 def check_loading_info(name: str, info: dict[str, list[str]]) -> None:

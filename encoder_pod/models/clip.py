@@ -31,13 +31,13 @@ from transformers.models.clip.modeling_clip import CLIPVisionModel, CLIPVisionMo
 from transformers.models.siglip.configuration_siglip import SiglipVisionConfig
 from transformers.models.siglip.modeling_siglip import SiglipVisionModel
 
-from encoder_pod.models.base import MediaItem, PreparedBatch, read_config
+from encoder_pod.models.base import MediaItem, PreparedBatch
+from encoder_pod.models.family import FamilyCode, Layout
 from encoder_pod.models.vision import (
     VisionAdapter,
     check_preset,
     flatten,
     image_size,
-    names_family,
     randomize,
     regroup,
     save_atomically,
@@ -79,24 +79,18 @@ def _side_pair(value: Any) -> tuple[int, int]:
 class _FixedGridAdapter(VisionAdapter):
     """Towers whose processor gives every image the same size, hence the same rows."""
 
-    model_type: ClassVar[str]
     model_classes: ClassVar[dict[str, type]]
     """Architecture name -> class; the first is used when config.json names none."""
     processor_cls: ClassVar[type]
 
     rows_per_image: int
 
-    @classmethod
-    def matches(cls, config: dict[str, Any]) -> bool:
-        """The saved tower's config: its model_type and, if named, one of its classes."""
-        return names_family(config, cls.model_type, list(cls.model_classes))
-
     def load(self) -> None:
         """The class named by config.json (strict weights), the PIL processor by name."""
         # By name: AutoImageProcessor would look for the torchvision variant first and warn.
         self.processor = self.processor_cls.from_pretrained(self.model_dir)
-        named = read_config(self.model_dir).get("architectures") or list(self.model_classes)
-        model_cls = next(self.model_classes[n] for n in named if n in self.model_classes)
+        # Discovery accepted the class config.json names (or it names none: the first one).
+        model_cls = self.model_classes[self.checkpoint.architecture or next(iter(self.model_classes))]
         self.model = self._load_checked(model_cls)
         self.tower = self._select_output(self.model)
         self.rows_per_image = self._check_processor()
@@ -151,42 +145,17 @@ class _FixedGridAdapter(VisionAdapter):
         """Width of a patch row."""
         return int(self.tower.config.hidden_size)
 
-    @classmethod
-    def _write(cls, out: Path, preset: str, model_cls: type, processor: Any) -> None:
-        """Seeded random ``model_cls`` of ``preset`` size plus ``processor``'s config, config.json last."""
-        model = model_cls(cls._config(preset))
-        randomize(model, seed=zlib.crc32(f"{cls.name}:{model_cls.__name__}".encode()))
-
-        def write(tmp: Path) -> None:
-            model.save_pretrained(tmp)
-            processor.save_pretrained(tmp)
-
-        save_atomically(out, write)
-
-    @classmethod
-    def _config(cls, preset: str) -> Any:
-        raise NotImplementedError
 
 
 class CLIPAdapter(_FixedGridAdapter):
     """CLIP vision tower (``clip_vision_model``), penultimate-layer patch tokens without CLS."""
 
     name = "clip"
-    model_type = "clip_vision_model"
     model_classes = {
         "CLIPVisionModel": CLIPVisionModel,
         "CLIPVisionModelWithProjection": CLIPVisionModelWithProjection,
     }
     processor_cls = CLIPImageProcessorPil
-
-    @classmethod
-    def write_tiny(cls, out: Path, preset: str = "tiny") -> None:
-        """A ``CLIPVisionModel`` checkpoint with a ``CLIPImageProcessorPil`` config."""
-        write_clip(out, preset, with_projection=False)
-
-    @classmethod
-    def _config(cls, preset: str) -> CLIPVisionConfig:
-        return CLIPVisionConfig(projection_dim=32 if preset == "tiny" else 512, **_TOWER[preset])
 
     def _select_output(self, model: Any) -> Any:
         tower = model.vision_model if isinstance(model, CLIPVisionModelWithProjection) else model
@@ -204,36 +173,51 @@ class CLIPAdapter(_FixedGridAdapter):
         return hidden[:, 1:]  # drop CLS (LLaVA's "default" feature select strategy)
 
 
-def write_clip(out: Path, preset: str = "tiny", *, with_projection: bool = False) -> None:
-    """Write a CLIP tower, optionally as ``CLIPVisionModelWithProjection`` (what some LLaVAs ship)."""
-    check_preset(preset)
-    side = _TOWER[preset]["image_size"]
-    processor = CLIPImageProcessorPil(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
-    model_cls = CLIPVisionModelWithProjection if with_projection else CLIPVisionModel
-    CLIPAdapter._write(out, preset, model_cls, processor)
-
-
 class SiglipAdapter(_FixedGridAdapter):
     """SigLIP vision tower (``siglip_vision_model``), last_hidden_state (no CLS exists)."""
 
     name = "siglip"
-    model_type = "siglip_vision_model"
     model_classes = {"SiglipVisionModel": SiglipVisionModel}
     processor_cls = SiglipImageProcessorPil
-
-    @classmethod
-    def write_tiny(cls, out: Path, preset: str = "tiny") -> None:
-        """A ``SiglipVisionModel`` checkpoint (with its pooling head) and a ``SiglipImageProcessorPil`` config."""
-        check_preset(preset)
-        side = _TOWER[preset]["image_size"]
-        cls._write(out, preset, SiglipVisionModel, SiglipImageProcessorPil(size={"height": side, "width": side}))
-
-    @classmethod
-    def _config(cls, preset: str) -> SiglipVisionConfig:
-        return SiglipVisionConfig(**_TOWER[preset])
 
     def _select_output(self, model: Any) -> Any:
         # The attention-pooling head makes the pooled (contrastive) output, which is not served:
         # its weights were loaded (strictness), its compute is skipped.
         model.use_head = False
         return model
+
+
+def _write(family: str, out: Path, model: Any, processor: Any) -> None:
+    """Seeded random weights for ``model`` plus ``processor``'s config, config.json last."""
+    randomize(model, seed=zlib.crc32(f"{family}:{type(model).__name__}".encode()))
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        processor.save_pretrained(tmp)
+
+    save_atomically(out, write)
+
+
+def write_clip(out: Path, preset: str = "tiny", *, with_projection: bool = False) -> None:
+    """Write a CLIP tower, optionally as ``CLIPVisionModelWithProjection`` (what some LLaVAs ship)."""
+    check_preset(preset)
+    side = _TOWER[preset]["image_size"]
+    processor = CLIPImageProcessorPil(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
+    model_cls = CLIPVisionModelWithProjection if with_projection else CLIPVisionModel
+    config = CLIPVisionConfig(projection_dim=32 if preset == "tiny" else 512, **_TOWER[preset])
+    _write(CLIPAdapter.name, out, model_cls(config), processor)
+
+
+def write_siglip(out: Path, preset: str = "tiny") -> None:
+    """A ``SiglipVisionModel`` checkpoint (with its pooling head) and a ``SiglipImageProcessorPil`` config."""
+    check_preset(preset)
+    side = _TOWER[preset]["image_size"]
+    processor = SiglipImageProcessorPil(size={"height": side, "width": side})
+    _write(SiglipAdapter.name, out, SiglipVisionModel(SiglipVisionConfig(**_TOWER[preset])), processor)
+
+
+CLIP_CODE = FamilyCode(
+    adapters={Layout.TOWER: CLIPAdapter},
+    write_tiny=lambda out, preset, layout: write_clip(out, preset, with_projection=False),
+)
+SIGLIP_CODE = FamilyCode(adapters={Layout.TOWER: SiglipAdapter}, write_tiny=lambda out, preset, layout: write_siglip(out, preset))

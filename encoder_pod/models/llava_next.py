@@ -34,12 +34,12 @@ from transformers.models.llava_next.modeling_llava_next import (
 )
 
 from encoder_pod.models.base import MediaItem, PreparedBatch, check_loading_info
+from encoder_pod.models.family import FamilyCode, Layout
 from encoder_pod.models.vision import (
     VisionAdapter,
     check_preset,
     flatten,
     image_size,
-    names_family,
     randomize,
     regroup,
     save_atomically,
@@ -94,42 +94,9 @@ class LlavaNextAdapter(VisionAdapter):
     """LLaVA-NeXT checkpoint (``LlavaNextForConditionalGeneration``); serves projected tile rows."""
 
     name = "llava_next"
-    model_classes = ("LlavaNextForConditionalGeneration",)
 
     tower: Any
     projector: Any
-
-    @classmethod
-    def matches(cls, config: dict[str, Any]) -> bool:
-        """A full LLaVA-NeXT checkpoint (model_type ``llava_next``)."""
-        return names_family(config, "llava_next", cls.model_classes)
-
-    @classmethod
-    def write_tiny(cls, out: Path, preset: str = "tiny") -> None:
-        """A whole random LLaVA-NeXT (CLIP tower, projector, one-layer Llama) and its PIL processor config."""
-        check_preset(preset)
-        sizes = _PRESETS[preset]
-        side = sizes["vision"]["image_size"]
-        vocab = sizes["text"]["vocab_size"]
-        config = LlavaNextConfig(
-            vision_config=CLIPVisionConfig(**sizes["vision"]).to_dict(),
-            text_config=LlamaConfig(**sizes["text"], pad_token_id=0, bos_token_id=1, eos_token_id=2).to_dict(),
-            image_grid_pinpoints=_pinpoints(side),
-            image_token_id=vocab - 1,
-        )
-        model = LlavaNextForConditionalGeneration(config)
-        randomize(model, seed=zlib.crc32(cls.name.encode()))
-        processor = LlavaNextImageProcessorPil(
-            size={"shortest_edge": side},
-            crop_size={"height": side, "width": side},
-            image_grid_pinpoints=_pinpoints(side),
-        )
-
-        def write(tmp: Path) -> None:
-            model.save_pretrained(tmp)
-            processor.save_pretrained(tmp)
-
-        save_atomically(out, write)
 
     def load(self) -> None:
         """Tower and projector (strict), the language model's layers never built, PIL processor by name."""
@@ -227,3 +194,33 @@ class LlavaNextAdapter(VisionAdapter):
     def hidden_size(self) -> int:
         """Width of a projected row (the language model's hidden size)."""
         return int(self.config.text_config.hidden_size)
+
+
+def write_tiny(out: Path, preset: str = "tiny") -> None:
+    """A whole random LLaVA-NeXT (CLIP tower, projector, one-layer Llama) and its PIL processor config."""
+    check_preset(preset)
+    sizes = _PRESETS[preset]
+    side = sizes["vision"]["image_size"]
+    vocab = sizes["text"]["vocab_size"]
+    config = LlavaNextConfig(
+        vision_config=CLIPVisionConfig(**sizes["vision"]).to_dict(),
+        text_config=LlamaConfig(**sizes["text"], pad_token_id=0, bos_token_id=1, eos_token_id=2).to_dict(),
+        image_grid_pinpoints=_pinpoints(side),
+        image_token_id=vocab - 1,
+    )
+    model = LlavaNextForConditionalGeneration(config)
+    randomize(model, seed=zlib.crc32(LlavaNextAdapter.name.encode()))
+    processor = LlavaNextImageProcessorPil(
+        size={"shortest_edge": side},
+        crop_size={"height": side, "width": side},
+        image_grid_pinpoints=_pinpoints(side),
+    )
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        processor.save_pretrained(tmp)
+
+    save_atomically(out, write)
+
+
+LLAVA_NEXT_CODE = FamilyCode(adapters={Layout.FULL: LlavaNextAdapter}, write_tiny=lambda out, preset, layout: write_tiny(out, preset))

@@ -33,8 +33,10 @@ from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLVisionCon
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
+from encoder_pod.errors import MediaError
 from encoder_pod.modality import Modality
 from encoder_pod.models.base import MediaItem, PreparedBatch, VideoClip
+from encoder_pod.models.family import FamilyCode, Layout
 from encoder_pod.models.vision import (
     MAX_ASPECT_RATIO,
     VisionAdapter,
@@ -42,7 +44,6 @@ from encoder_pod.models.vision import (
     flatten,
     health_image,
     image_size,
-    names_family,
     randomize,
     regroup,
     save_atomically,
@@ -85,39 +86,12 @@ class _QwenVisionAdapter(VisionAdapter):
     modalities: ClassVar[frozenset[Modality]] = frozenset({Modality.IMAGE, Modality.VIDEO})
     model_cls: ClassVar[type]
     config_cls: ClassVar[type]
-    model_type: ClassVar[str]
     presets: ClassVar[dict[str, dict[str, Any]]]
+    """Tower sizes of the tiny checkpoints (:func:`write_tiny`)."""
     video_kwargs: dict[str, Any]
     """Processor-call overrides for video frames: ``size`` (pixel bounds), mean and std."""
     hidden_attr: ClassVar[str]
     """Config field holding the width of the merged output rows."""
-
-    @classmethod
-    def matches(cls, config: dict[str, Any]) -> bool:
-        """The saved tower's config: its model_type and, if named, its class."""
-        return names_family(config, cls.model_type, [cls.model_cls.__name__])
-
-    @classmethod
-    def write_tiny(cls, out: Path, preset: str = "tiny") -> None:
-        """Seeded random tower plus a ``Qwen2VLImageProcessorPil`` config, written offline."""
-        check_preset(preset)
-        model = cls.model_cls(cls.config_cls(**cls.presets[preset]))
-        randomize(model, seed=zlib.crc32(cls.name.encode()))
-        processor = Qwen2VLImageProcessorPil(**(_TINY_PROCESSOR if preset == "tiny" else _MODERATE_PROCESSOR))
-        low, high = _VIDEO_PIXELS[preset]
-        video = {
-            "video_processor_type": "Qwen2VLVideoProcessor",
-            "size": {"shortest_edge": low, "longest_edge": high},
-            **{key: getattr(processor, key) for key in ("patch_size", "temporal_patch_size", "merge_size")},
-            **{key: list(getattr(processor, key)) for key in ("image_mean", "image_std")},
-        }
-
-        def write(tmp: Path) -> None:
-            model.save_pretrained(tmp)
-            processor.save_pretrained(tmp)
-            (tmp / VIDEO_CONFIG).write_text(json.dumps(video, indent=2) + "\n")
-
-        save_atomically(out, write)
 
     def load(self) -> None:
         """Tower via its explicit class (strict weights), processor via its PIL class by name."""
@@ -186,12 +160,12 @@ class _QwenVisionAdapter(VisionAdapter):
         clip = item.data
         frames = getattr(clip, "frames", None)
         if not isinstance(clip, VideoClip) or not isinstance(frames, np.ndarray):
-            raise ValueError(f"a VIDEO item must be a decoded clip, got {type(clip).__name__}")
+            raise MediaError(f"a VIDEO item must be a decoded clip, got {type(clip).__name__}")
         if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or min(frames.shape[:3]) < 1:
-            raise ValueError(f"a clip must be (frames, height, width, 3) uint8, got {frames.shape} {frames.dtype}")
+            raise MediaError(f"a clip must be (frames, height, width, 3) uint8, got {frames.shape} {frames.dtype}")
         count, height, width = frames.shape[:3]
         if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-            raise ValueError(f"video frames {width}x{height} exceed the aspect ratio of {MAX_ASPECT_RATIO}:1")
+            raise MediaError(f"video frames {width}x{height} exceed the aspect ratio of {MAX_ASPECT_RATIO}:1")
         size = self.video_kwargs["size"]
         _, h, w = self._image_grid(height, width, (size["shortest_edge"], size["longest_edge"]))
         temporal = self.processor.temporal_patch_size
@@ -272,7 +246,6 @@ class Qwen2VLAdapter(_QwenVisionAdapter):
     name = "qwen2_vl"
     model_cls = Qwen2VisionTransformerPretrainedModel
     config_cls = Qwen2VLVisionConfig
-    model_type = "qwen2_vl_vision"
     hidden_attr = "hidden_size"
     presets = {
         "tiny": {"depth": 2, "embed_dim": 64, "hidden_size": 128, "num_heads": 4, "mlp_ratio": 2},
@@ -287,7 +260,6 @@ class Qwen25VLAdapter(_QwenVisionAdapter):
     name = "qwen2_5_vl"
     model_cls = Qwen2_5_VisionTransformerPretrainedModel
     config_cls = Qwen2_5_VLVisionConfig
-    model_type = "qwen2_5_vl_vision"
     # In 2.5, hidden_size is the tower's inner width; the merger projects to out_hidden_size.
     hidden_attr = "out_hidden_size"
     presets = {
@@ -311,3 +283,35 @@ class Qwen25VLAdapter(_QwenVisionAdapter):
             "fullatt_block_indexes": [1, 3],
         },
     }
+
+
+def write_tiny(adapter: type[_QwenVisionAdapter], out: Path, preset: str = "tiny") -> None:
+    """Seeded random ``adapter`` tower plus a ``Qwen2VLImageProcessorPil`` config, written offline."""
+    check_preset(preset)
+    model = adapter.model_cls(adapter.config_cls(**adapter.presets[preset]))
+    randomize(model, seed=zlib.crc32(adapter.name.encode()))
+    processor = Qwen2VLImageProcessorPil(**(_TINY_PROCESSOR if preset == "tiny" else _MODERATE_PROCESSOR))
+    low, high = _VIDEO_PIXELS[preset]
+    video = {
+        "video_processor_type": "Qwen2VLVideoProcessor",
+        "size": {"shortest_edge": low, "longest_edge": high},
+        **{key: getattr(processor, key) for key in ("patch_size", "temporal_patch_size", "merge_size")},
+        **{key: list(getattr(processor, key)) for key in ("image_mean", "image_std")},
+    }
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        processor.save_pretrained(tmp)
+        (tmp / VIDEO_CONFIG).write_text(json.dumps(video, indent=2) + "\n")
+
+    save_atomically(out, write)
+
+
+QWEN2_VL_CODE = FamilyCode(
+    adapters={Layout.TOWER: Qwen2VLAdapter},
+    write_tiny=lambda out, preset, layout: write_tiny(Qwen2VLAdapter, out, preset),
+)
+QWEN2_5_VL_CODE = FamilyCode(
+    adapters={Layout.TOWER: Qwen25VLAdapter},
+    write_tiny=lambda out, preset, layout: write_tiny(Qwen25VLAdapter, out, preset),
+)

@@ -1,85 +1,60 @@
-"""Choosing and loading the adapter named by a checkpoint's config."""
+"""Loading the adapter a checkpoint's family serves, and writing test checkpoints by family name."""
 
 from __future__ import annotations
 
-import importlib
 import logging
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from encoder_pod.models.base import EncoderAdapter, read_config
-from encoder_pod.settings import EncoderSettings, model_dir
+from encoder_pod.models.base import BaseAdapter, EncoderAdapter
+from encoder_pod.models.families import default_registry
+from encoder_pod.models.family import FamilyRegistry, Layout
+from encoder_pod.settings import ModelSettings, model_dir
 
 log = logging.getLogger(__name__)
 
-# arch name -> "module:Class". Imported lazily so one family's optional pieces never block another.
-ADAPTERS: dict[str, str] = {
-    "qwen2_vl": "encoder_pod.models.qwen2_vl:Qwen2VLAdapter",
-    "qwen2_5_vl": "encoder_pod.models.qwen2_vl:Qwen25VLAdapter",
-    "clip": "encoder_pod.models.clip:CLIPAdapter",
-    "siglip": "encoder_pod.models.clip:SiglipAdapter",
-    "llava_next": "encoder_pod.models.llava_next:LlavaNextAdapter",
-    "whisper": "encoder_pod.models.whisper:WhisperAdapter",
-    "qwen2_audio": "encoder_pod.models.whisper:Qwen2AudioAdapter",
-}
+AdapterLoader = Callable[[ModelSettings], EncoderAdapter]
+"""What the runtime calls (on a thread) to get its loaded adapter: :func:`load_adapter`, or a
+tensor-parallel group's loader, which wraps it."""
 
 
-def adapter_class(arch: str) -> type[EncoderAdapter]:
-    """The adapter class for an architecture name; ValueError lists the known ones."""
-    try:
-        module_name, cls_name = ADAPTERS[arch].split(":")
-    except KeyError:
-        raise ValueError(f"unknown arch {arch!r}; known: {', '.join(sorted(ADAPTERS))}") from None
-    return getattr(importlib.import_module(module_name), cls_name)
-
-
-def resolve_adapter(path: Path) -> type[EncoderAdapter]:
-    """The one adapter whose ``matches`` accepts this checkpoint's config."""
-    config = read_config(path)
-    found = [cls for cls in map(adapter_class, ADAPTERS) if cls.matches(config)]
-    if len(found) != 1:
-        kind = config.get("architectures") or config.get("model_type")
-        raise ValueError(
-            f"{'no' if not found else 'more than one'} encoder adapter for checkpoint {str(path)!r} "
-            f"(architectures/model_type {kind!r}); supported: {', '.join(sorted(ADAPTERS))}"
-        )
-    return found[0]
-
-
-def resolve_device(settings: EncoderSettings) -> torch.device:
+def resolve_device(model: ModelSettings) -> torch.device:
     """``auto`` is cuda when a device is visible, else cpu."""
-    if settings.device == "cuda" or (settings.device == "auto" and torch.cuda.is_available()):
+    if model.device == "cuda" or (model.device == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
             raise RuntimeError("ENCODER_DEVICE=cuda but no CUDA device is visible")
         return torch.device("cuda")
     return torch.device("cpu")
 
 
-def resolve_dtype(settings: EncoderSettings, device: torch.device) -> torch.dtype:
+def resolve_dtype(model: ModelSettings, device: torch.device) -> torch.dtype:
     """``auto`` is bf16 on GPU and fp32 on CPU."""
-    if settings.dtype == "auto":
+    if model.dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, settings.dtype)
+    dtype = getattr(torch, model.dtype)
+    assert isinstance(dtype, torch.dtype)
+    return dtype
 
 
-def load_adapter(settings: EncoderSettings) -> EncoderAdapter:
-    """Build and load the adapter for ``settings.model_path`` (blocking: model load)."""
-    path = model_dir(settings)
-    cls = resolve_adapter(path)
-    device = resolve_device(settings)
-    adapter = cls(path, settings, device, resolve_dtype(settings, device))
-    log.info("loading %s encoder from %s on %s", cls.name, path, device)
+def load_adapter(model: ModelSettings, registry: FamilyRegistry | None = None) -> BaseAdapter:
+    """Discover ``model.model_path``'s family, build its adapter and load it (blocking: model load)."""
+    families = registry or default_registry()
+    checkpoint = families.discover(model_dir(model))
+    cls = families.get(checkpoint.family).adapter_class(checkpoint)
+    device = resolve_device(model)
+    adapter = cls(checkpoint, model, device, resolve_dtype(model, device))
+    log.info("loading %s encoder (%s checkpoint) from %s on %s", cls.name, checkpoint.layout.value, checkpoint.path, device)
     adapter.load()
     return adapter
 
 
-def make_tiny_model(arch: str, out: Path, preset: str = "tiny") -> Path:
+def make_tiny_model(arch: str, out: Path, preset: str = "tiny", layout: Layout | None = None) -> Path:
     """Write a random-weight ``arch`` checkpoint and its processor config to ``out`` (offline).
 
-    ``preset`` is ``tiny`` (tests) or ``moderate`` (benchmarks). ``config.json`` is written last,
-    so a directory holding one is a complete checkpoint. Returns ``out``.
+    ``preset`` is ``tiny`` (tests) or ``moderate`` (benchmarks); ``layout`` defaults to the
+    family's first tiny layout. ``config.json`` is written last, so a directory holding one is a
+    complete checkpoint. Returns ``out``.
     """
-    out = Path(out)
-    adapter_class(arch).write_tiny(out, preset)
-    return out
+    return default_registry().get(arch).write_tiny(Path(out), preset, layout)

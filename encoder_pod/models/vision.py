@@ -17,8 +17,9 @@ import numpy as np
 import torch
 from PIL import Image
 
+from encoder_pod.errors import MediaError
 from encoder_pod.modality import Modality
-from encoder_pod.models.base import EncoderAdapter, MediaItem, check_loading_info
+from encoder_pod.models.base import BaseAdapter, MediaItem, check_loading_info
 
 MAX_ASPECT_RATIO = 200
 """Longest side over shortest side. Qwen2-VL's smart_resize raises above this; CLIP resizes the
@@ -31,7 +32,7 @@ HEALTH_IMAGE_SIDE = 32
 
 
 def image_size(item: MediaItem, modalities: frozenset[Modality]) -> tuple[int, int]:
-    """(width, height) of an IMAGE item; ValueError with a user-facing reason otherwise.
+    """(width, height) of an IMAGE item; :class:`MediaError` with a user-facing reason otherwise.
 
     Images whose aspect ratio exceeds :data:`MAX_ASPECT_RATIO` are refused. Tiny images (1 x 1,
     3 x 500) are accepted: the processors upscale them, and adapters always tell the processor
@@ -39,15 +40,15 @@ def image_size(item: MediaItem, modalities: frozenset[Modality]) -> tuple[int, i
     """
     if item.modality not in modalities:
         served = ", ".join(sorted(m.value for m in modalities))
-        raise ValueError(f"this model encodes {served} items, not {item.modality.value}")
+        raise MediaError(f"this model encodes {served} items, not {item.modality.value}")
     if not isinstance(item.data, Image.Image):
-        raise ValueError(f"an IMAGE item must be a decoded image, got {type(item.data).__name__}")
+        raise MediaError(f"an IMAGE item must be a decoded image, got {type(item.data).__name__}")
     width, height = item.data.size
     if width < 1 or height < 1:
-        raise ValueError(f"image is empty ({width}x{height})")
+        raise MediaError(f"image is empty ({width}x{height})")
     ratio = max(width, height) / min(width, height)
     if ratio > MAX_ASPECT_RATIO:
-        raise ValueError(
+        raise MediaError(
             f"image {width}x{height} has aspect ratio {ratio:.0f}:1; at most {MAX_ASPECT_RATIO}:1 is accepted"
         )
     return width, height
@@ -73,18 +74,6 @@ def regroup(flat: Sequence[Any], requests: Sequence[Sequence[MediaItem]]) -> lis
     return grouped
 
 
-def names_family(config: dict[str, Any], model_type: str, architectures: Sequence[str]) -> bool:
-    """True when a config.json is this family's: its model_type, and one of its classes if named.
-
-    Both must agree: a tower saved by ``save_pretrained`` always has ``model_type``; a full
-    vision-language checkpoint (``qwen2_vl``, ``clip``) has another one and is not a tower.
-    """
-    if config.get("model_type") != model_type:
-        return False
-    named = config.get("architectures") or []
-    return not named or any(name in architectures for name in named)
-
-
 def _rgb(image: Image.Image) -> Image.Image:
     # Not left to the processor: a checkpoint whose config says do_convert_rgb false would hand a
     # 1-channel L or 4-channel RGBA array to a 3-channel normalisation and fail the whole batch.
@@ -98,7 +87,7 @@ def health_image() -> MediaItem:
     return MediaItem(Modality.IMAGE, Image.fromarray(np.ascontiguousarray(pixels), mode="RGB"))
 
 
-class VisionAdapter(EncoderAdapter):
+class VisionAdapter(BaseAdapter):
     """Shared plumbing of the image adapters: strict load, processor call, health item."""
 
     modalities: ClassVar[frozenset[Modality]] = frozenset({Modality.IMAGE})

@@ -20,7 +20,8 @@ from transformers.models.qwen2_audio.modeling_qwen2_audio import Qwen2AudioEncod
 from transformers.models.whisper.configuration_whisper import WhisperConfig
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
-from encoder_pod.models.audio import AudioAdapter
+from encoder_pod.models.audio import AudioAdapter, write_tiny
+from encoder_pod.models.family import FamilyCode, Layout
 
 _TINY = {"d_model": 64, "encoder_layers": 2, "encoder_attention_heads": 4, "encoder_ffn_dim": 128, "num_mel_bins": 80}
 # whisper-tiny's encoder sizes (384 wide, 4 layers, 6 heads): 8M parameters.
@@ -33,7 +34,6 @@ class WhisperAdapter(AudioAdapter):
     name = "whisper"
     model_cls = WhisperEncoder
     config_cls = WhisperConfig
-    model_type = "whisper"
     # The decoder sizes are irrelevant to a saved encoder but must be valid for the config.
     presets = {
         "tiny": {**_TINY, "decoder_layers": 1, "decoder_attention_heads": 4, "decoder_ffn_dim": 128},
@@ -55,7 +55,6 @@ class Qwen2AudioAdapter(AudioAdapter):
     name = "qwen2_audio"
     model_cls = Qwen2AudioEncoder
     config_cls = Qwen2AudioEncoderConfig
-    model_type = "qwen2_audio_encoder"
     presets = {"tiny": _TINY, "moderate": _MODERATE}
 
     @staticmethod
@@ -77,3 +76,13 @@ class Qwen2AudioAdapter(AudioAdapter):
             attention_mask=valid.long(),
         )
         return self.model(features, attention_mask=mask).last_hidden_state
+
+
+WHISPER_CODE = FamilyCode(
+    adapters={Layout.TOWER: WhisperAdapter},
+    write_tiny=lambda out, preset, layout: write_tiny(WhisperAdapter, out, preset),
+)
+QWEN2_AUDIO_CODE = FamilyCode(
+    adapters={Layout.TOWER: Qwen2AudioAdapter},
+    write_tiny=lambda out, preset, layout: write_tiny(Qwen2AudioAdapter, out, preset),
+)

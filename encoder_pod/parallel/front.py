@@ -81,23 +81,25 @@ class DataParallelFront:
     """Routes /encode over ``dp_size`` worker processes, each one model replica."""
 
     def __init__(self, settings: EncoderSettings) -> None:
-        if settings.tp_size > 1:
+        parallel = settings.parallel
+        if parallel.tp_size > 1:
             # Before any worker starts: a model that cannot be split stops the pod with the reason
             # instead of crash-looping its groups.
-            check_divisible(json.loads((model_dir(settings) / "config.json").read_text()), settings.tp_size)
+            check_divisible(json.loads((model_dir(settings.model) / "config.json").read_text()), parallel.tp_size)
         self.settings = settings
         self.metrics = edge_metrics()
         self._dp_metrics = DataParallelMetrics(self.metrics)
-        self._placements = plan(settings, os.environ, usable_cpus())
-        if settings.dp_worker_max_inflight < settings.max_batch_size:
+        self._placements = plan(settings.parallel, settings.model, os.environ, usable_cpus())
+        if settings.parallel.dp_worker_max_inflight < settings.batching.max_batch_size:
             log.warning(
                 "ENCODER_DP_WORKER_MAX_INFLIGHT=%d is below ENCODER_MAX_BATCH_SIZE=%d: a worker never "
                 "holds enough requests to fill a batch",
-                settings.dp_worker_max_inflight, settings.max_batch_size,
+                settings.parallel.dp_worker_max_inflight, settings.batching.max_batch_size,
             )
-        self._router = Router(settings.dp_size, settings.dp_worker_max_inflight)
-        self._sticky = settings.encoder_transfer_backend is TransferBackend.ZMQ_TO_SCHEDULER
-        self._affinity = ReqAffinity(4 * settings.max_queue, settings.req_timeout + settings.send_timeout)
+        self._router = Router(settings.parallel.dp_size, settings.parallel.dp_worker_max_inflight)
+        self._sticky = settings.transfer.encoder_transfer_backend is TransferBackend.ZMQ_TO_SCHEDULER
+        admission = settings.admission
+        self._affinity = ReqAffinity(4 * admission.max_queue, admission.req_timeout + settings.transfer.send_timeout)
         self._inflight: set[str] = set()
         self._admitted = 0
         self._stopping = False
@@ -124,7 +126,7 @@ class DataParallelFront:
         self._supervisor.start_all()
         log.info(
             "data-parallel front: %d workers (tensor-parallel groups of %d ranks), IPC in %s",
-            self.settings.dp_size, self.settings.tp_size, self._ipc.path,
+            self.settings.parallel.dp_size, self.settings.parallel.tp_size, self._ipc.path,
         )
 
     def begin_shutdown(self) -> None:
@@ -207,7 +209,7 @@ class DataParallelFront:
         except TimeoutError:
             self._cancel(handle, call_id)
             raise RequestTimeout(
-                f"worker {handle.rank} did not answer within {self.settings.req_timeout}s (ENCODER_REQ_TIMEOUT)"
+                f"worker {handle.rank} did not answer within {self.settings.admission.req_timeout}s (ENCODER_REQ_TIMEOUT)"
             ) from None
         except asyncio.CancelledError:
             self._cancel(handle, call_id)  # the client is gone: the worker drops the work
@@ -264,15 +266,15 @@ class DataParallelFront:
             raise self._no_worker()
         if request.req_id in self._inflight:
             raise DuplicateRequest(f"req_id {request.req_id!r} is already in flight")
-        if self._admitted >= self.settings.max_queue:
-            raise Overloaded(f"queue is full ({self.settings.max_queue} requests waiting); retry later")
+        if self._admitted >= self.settings.admission.max_queue:
+            raise Overloaded(f"queue is full ({self.settings.admission.max_queue} requests waiting); retry later")
         msg = Encode(next(self._call_ids), request_to_wire(request))
         try:
             frames = pack(msg)  # before admission: a value msgpack cannot carry is the caller's fault
         except (TypeError, ValueError, OverflowError) as exc:
             raise InvalidRequest(f"request holds a value that cannot be forwarded to a worker ({exc})") from None
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.req_timeout
+        deadline = loop.time() + self.settings.admission.req_timeout
         self._inflight.add(request.req_id)
         self._admitted += 1
         try:
@@ -303,8 +305,8 @@ class DataParallelFront:
             raise self._no_worker() from None
         except TimeoutError:
             raise RequestTimeout(
-                f"no worker slot freed within {self.settings.req_timeout}s (ENCODER_REQ_TIMEOUT); "
-                f"every worker holds ENCODER_DP_WORKER_MAX_INFLIGHT={self.settings.dp_worker_max_inflight}"
+                f"no worker slot freed within {self.settings.admission.req_timeout}s (ENCODER_REQ_TIMEOUT); "
+                f"every worker holds ENCODER_DP_WORKER_MAX_INFLIGHT={self.settings.parallel.dp_worker_max_inflight}"
             ) from None
 
     # --- fan-out: health, profiling, receive URLs -------------------------------------------
@@ -321,7 +323,7 @@ class DataParallelFront:
         now = time.monotonic()
         if all(now - h.last_success < HEALTH_SKIP_S and now - h.last_seen < FRESH_HEARTBEAT_S for h in handles):
             return  # live traffic just proved every rank; a probe would only queue behind it
-        timeout = self.settings.health_timeout + 1
+        timeout = self.settings.observability.health_timeout + 1
         answers = await asyncio.gather(
             *(self._control(h, ControlOp.HEALTH, {}, timeout) for h in handles), return_exceptions=True
         )
@@ -333,7 +335,7 @@ class DataParallelFront:
         ready = [h for h in self._handles() if h.state is RankState.READY]
         if not ready:
             raise self._no_worker()
-        timeout = self.settings.health_timeout + 30
+        timeout = self.settings.observability.health_timeout + 30
         answers = await asyncio.gather(
             *(self._control(h, op, args_of(h.rank), timeout) for h in ready), return_exceptions=True
         )
@@ -366,7 +368,7 @@ class DataParallelFront:
             rank = self._router.pick(full_ok=True)
             if rank is None:
                 raise self._no_worker()
-            await self._control(self._handles()[rank], ControlOp.RECEIVE_URL, payload, self.settings.send_timeout)
+            await self._control(self._handles()[rank], ControlOp.RECEIVE_URL, payload, self.settings.transfer.send_timeout)
             return
         registration = parse_registration(payload)  # a malformed body never reaches a worker
         rank = self._affinity.get(registration.req_id)
@@ -375,7 +377,7 @@ class DataParallelFront:
             if rank is None:
                 raise self._no_worker()
         self._affinity.bind(registration.req_id, rank)
-        await self._control(self._handles()[rank], ControlOp.RECEIVE_URL, payload, self.settings.send_timeout)
+        await self._control(self._handles()[rank], ControlOp.RECEIVE_URL, payload, self.settings.transfer.send_timeout)
 
     # --- metrics and info -------------------------------------------------------------------
     def metrics_text(self) -> bytes:
@@ -407,9 +409,9 @@ class DataParallelFront:
         return {
             "state": self._state(handles).value if handles else FrontState.LOADING.value,
             "load_error": (f"worker {failed[0].rank}: {failed[0].last_error or failed[0].last_exit}" if failed else None),
-            "mode": "tensor_parallel" if self.settings.tp_size > 1 else "data_parallel",
-            "dp_size": self.settings.dp_size,
-            "tp_size": self.settings.tp_size,
+            "mode": "tensor_parallel" if self.settings.parallel.tp_size > 1 else "data_parallel",
+            "dp_size": self.settings.parallel.dp_size,
+            "tp_size": self.settings.parallel.tp_size,
             "model": model,
             "queue_depth": self._router.waiting + sum(w["queue_depth"] for w in workers),
             "inflight": len(self._inflight),

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from encoder_pod.settings import EncoderSettings, SettingsError
+from encoder_pod.settings import ModelSettings, ParallelSettings, SettingsError
 
 _NVIDIA_DEV = re.compile(r"nvidia(\d+)$")
 
@@ -57,28 +57,28 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def plan(settings: EncoderSettings, environ: Mapping[str, str], cpus: int) -> list[Placement]:
+def plan(parallel: ParallelSettings, model: ModelSettings, environ: Mapping[str, str], cpus: int) -> list[Placement]:
     """One :class:`Placement` per data-parallel rank; :class:`SettingsError` when the GPUs do not suffice.
 
     With ``tp_size`` T, each rank is a tensor-parallel group of T processes: it gets T GPUs
     (its rank 0 sees them all and gives the r-th to group rank r) and T times fewer CPU threads.
     """
     gpus = visible_gpus(environ)
-    on_gpu = settings.device == "cuda" or (settings.device == "auto" and bool(gpus))
-    group = settings.tp_size
-    if on_gpu and len(gpus) < settings.dp_size * group:
-        what = f"{settings.dp_size} workers need one GPU each"
+    on_gpu = model.device == "cuda" or (model.device == "auto" and bool(gpus))
+    group, dp_size = parallel.tp_size, parallel.dp_size
+    if on_gpu and len(gpus) < dp_size * group:
+        what = f"{dp_size} workers need one GPU each"
         if group > 1:
-            what = f"{settings.dp_size} groups of {group} tensor-parallel ranks need {settings.dp_size * group} GPUs"
+            what = f"{dp_size} groups of {group} tensor-parallel ranks need {dp_size * group} GPUs"
         raise SettingsError(
             f"invalid setting ENCODER_DP_SIZE / --dp-size (and --tp-size): {what}, "
             f"{len(gpus)} visible ({'CUDA_VISIBLE_DEVICES=' + environ['CUDA_VISIBLE_DEVICES'] if 'CUDA_VISIBLE_DEVICES' in environ else '/dev/nvidia*'})"
         )
     # An explicit NUM_THREADS is per process; otherwise the CPUs are split evenly over every
     # process (dp x tp), so they do not each start a pool as large as the machine and thrash.
-    threads = settings.num_threads or max(1, cpus // (settings.dp_size * group))
+    threads = model.num_threads or max(1, cpus // (dp_size * group))
     placements = []
-    for rank in range(settings.dp_size):
+    for rank in range(dp_size):
         env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         # On CPU the worker must not grab a GPU by accident (device auto on a GPU host with
         # ENCODER_DEVICE=cpu): hide them all.

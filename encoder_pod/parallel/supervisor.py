@@ -18,13 +18,14 @@ from typing import Callable
 import zmq
 
 from encoder_pod.errors import NotReady, WorkerDied
+from encoder_pod.exitcodes import ExitCode
 from encoder_pod.parallel.handle import SNDHWM, RankState, WorkerHandle
 from encoder_pod.parallel.ipc import IpcDir
 from encoder_pod.parallel.messages import Status, Stop, WorkerState, pack
 from encoder_pod.parallel.placement import Placement
 from encoder_pod.parallel.ranked_metrics import DataParallelMetrics
 from encoder_pod.parallel.router import Router
-from encoder_pod.parallel.worker import EXIT_LOAD_FAILED, EXIT_TP_GROUP_DOWN, WorkerSpec, run_worker
+from encoder_pod.parallel.worker import WorkerSpec, run_worker
 from encoder_pod.settings import EncoderSettings
 
 log = logging.getLogger(__name__)
@@ -54,9 +55,9 @@ def describe_exit(code: int | None) -> tuple[str, str]:
         except ValueError:
             name = f"signal {-code}"
         return "killed", f"killed by {name}"
-    if code == EXIT_LOAD_FAILED:
+    if code == ExitCode.MODEL_LOAD_FAILED:
         return "load_failed", "model failed to load"
-    if code == EXIT_TP_GROUP_DOWN:
+    if code == ExitCode.TP_GROUP_DOWN:
         return "tp_group_down", "tensor-parallel group went down (a rank died or a collective failed or timed out)"
     if code == 0:
         return "exited", "exited with code 0"
@@ -103,7 +104,7 @@ class Supervisor:
         Heartbeats come from the worker's event loop, which never runs model work, so silence
         means the process can no longer answer anything; its death then takes the usual path.
         """
-        timeout = self.settings.dp_heartbeat_timeout
+        timeout = self.settings.parallel.dp_heartbeat_timeout
         while True:
             await asyncio.sleep(min(1.0, timeout / 4))
             now = time.monotonic()
@@ -127,9 +128,8 @@ class Supervisor:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, SNDHWM)
         sock.bind(address)
-        settings = self.settings.model_copy(
-            update={"num_threads": handle.placement.num_threads, "device": handle.placement.device}
-        )
+        placed = {"num_threads": handle.placement.num_threads, "device": handle.placement.device}
+        settings = self.settings.model_copy(update={"model": self.settings.model.model_copy(update=placed)})
         spec = WorkerSpec(handle.rank, handle.generation, address, self._ipc.results, settings.model_dump_json(), handle.placement.env)
         process = self._mp.Process(
             target=run_worker, args=(spec.to_json(),), name=f"encoder-dp-{handle.rank}", daemon=True
@@ -217,7 +217,7 @@ class Supervisor:
             await asyncio.sleep(0.01)
         reason, text = describe_exit(process.exitcode)
         if handle.kill_reason == "hung":
-            reason, text = "hung", f"killed after {self.settings.dp_heartbeat_timeout:g}s without a heartbeat"
+            reason, text = "hung", f"killed after {self.settings.parallel.dp_heartbeat_timeout:g}s without a heartbeat"
         if self._stopping:
             handle.state = RankState.STOPPED
             log.info("rank %d: worker pid %d stopped (%s)", handle.rank, handle.pid, text)
@@ -236,14 +236,14 @@ class Supervisor:
             handle.failed_starts += 1
         stable = handle.ready_at is not None and now - handle.ready_at >= STABLE_S
         handle.quick_deaths = 1 if stable else handle.quick_deaths + 1
-        if handle.failed_starts >= self.settings.dp_max_failed_starts:
+        if handle.failed_starts >= self.settings.parallel.dp_max_failed_starts:
             handle.state = RankState.FAILED
             log.error(
                 "rank %d: given up after %d failed starts (ENCODER_DP_MAX_FAILED_STARTS); last error: %s",
                 handle.rank, handle.failed_starts, handle.last_error or handle.last_exit,
             )
             return
-        delay = restart_delay(self.settings.dp_restart_backoff, handle.quick_deaths)
+        delay = restart_delay(self.settings.parallel.dp_restart_backoff, handle.quick_deaths)
         handle.state, handle.restart_at = RankState.RESTARTING, now + delay
         log.warning("rank %d: restarting in %.1fs", handle.rank, delay)
         task = self._loop.create_task(self._restart_later(handle, delay, handle.generation))

@@ -27,6 +27,7 @@ import zmq
 import zmq.asyncio
 
 from encoder_pod.errors import EncoderError, InternalError, NotReady
+from encoder_pod.exitcodes import ExitCode
 from encoder_pod.parallel.messages import (
     Call,
     Cancel,
@@ -45,20 +46,12 @@ from encoder_pod.parallel.messages import (
     unpack,
 )
 from encoder_pod.parallel.ranked_metrics import replica_metrics
-from encoder_pod.settings import EncoderSettings
+from encoder_pod.settings import EncoderSettings, ModelSettings
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 0.5
 """How often a worker reports its state and metrics (the freshness of /metrics and /server_info)."""
-
-EXIT_OK = 0
-EXIT_LOAD_FAILED = 3
-"""Exit code of a worker whose model did not load: the front counts a failed start, not a crash."""
-EXIT_ORPHANED = 4
-"""Exit code of a worker whose front died: nobody is left to answer."""
-EXIT_TP_GROUP_DOWN = 5
-"""Exit code of a tensor-parallel group's rank 0 when a rank died or a collective failed or timed out."""
 
 SEND_LINGER_MS = 2000
 """On exit, how long queued answers may take to reach the front before they are dropped."""
@@ -93,7 +86,7 @@ def run_worker(spec_json: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     settings = EncoderSettings.model_validate_json(spec.settings_json)
     logging.basicConfig(
-        level=settings.log_level.upper(),
+        level=settings.observability.log_level.upper(),
         format=f"%(asctime)s %(levelname)s [rank {spec.rank}] %(name)s: %(message)s",
         force=True,
     )
@@ -148,7 +141,7 @@ class WorkerServer:
         self._phase = "loading"
         load = registry.load_adapter
         profiler = None
-        if self.settings.tp_size > 1:
+        if self.settings.parallel.tp_size > 1:
             tensor = importlib.import_module("encoder_pod.parallel.tensor.group")
             self.group = tensor.TensorParallelGroup(self.settings, label=f"dp{self.spec.rank}")
             load = self.group.load_adapter
@@ -163,22 +156,22 @@ class WorkerServer:
         if not loaded.done():
             loaded.cancel()
             await self._shutdown()
-            return EXIT_OK
+            return ExitCode.OK
         if loaded.result() is runtime_mod.State.FAILED:
             self._phase = "failed"
             await self._send(self._status())
             stop.cancel()
-            return EXIT_LOAD_FAILED
+            return ExitCode.MODEL_LOAD_FAILED  # the front counts a failed start, not a crash
         self._phase = "serving"
         await self._send(self._status())
         await stop
         await self._shutdown()
-        return EXIT_OK
+        return ExitCode.OK
 
-    def _tracked(self, load: Callable[[EncoderSettings], Any]) -> Callable[[EncoderSettings], Any]:
+    def _tracked(self, load: Callable[[ModelSettings], Any]) -> Callable[[ModelSettings], Any]:
         """The adapter loader, reporting its phase (a slow load is visible in /server_info)."""
 
-        def loader(settings: EncoderSettings) -> Any:
+        def loader(settings: ModelSettings) -> Any:
             self._phase = "loading weights"
             adapter = load(settings)
             self._phase = "warming up"
@@ -188,7 +181,7 @@ class WorkerServer:
 
     async def _shutdown(self) -> None:
         self._phase = "stopping"
-        grace = self._stop_grace if self._stop_grace is not None else self.settings.req_timeout
+        grace = self._stop_grace if self._stop_grace is not None else self.settings.admission.req_timeout
         if self.runtime is not None:
             await self.runtime.shutdown(grace)
         if self.group is not None:
@@ -207,7 +200,7 @@ class WorkerServer:
             # The front is gone (SIGKILL, OOM): no one can receive an answer. Threads may be in a
             # forward, so a clean interpreter exit could hang; leave at once.
             log.error("front process died; worker exits")
-            os._exit(EXIT_ORPHANED)
+            os._exit(ExitCode.ORPHANED)
 
         loop.add_reader(parent.sentinel, orphaned)
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from encoder_pod.errors import InvalidRequest
 from encoder_pod.protocol import EncodeRequest
-from encoder_pod.settings import EncoderSettings, TransferBackend
+from encoder_pod.settings import TransferBackend, TransferSettings
 from encoder_pod.transfer.base import Transfer
 from encoder_pod.transfer.inline import InlineTransfer
 
@@ -21,15 +21,15 @@ if TYPE_CHECKING:
 class TransferRouter:
     """Holds one instance of each backend in use and picks one per request."""
 
-    def __init__(self, settings: EncoderSettings) -> None:
-        self._settings = settings
+    def __init__(self, settings: TransferSettings, *, max_registrations: int) -> None:
+        """``max_registrations``: receive URLs held at once (zmq_to_scheduler), the admission bound."""
         self._inline = InlineTransfer()
         self._zmq: ZmqTransfer | None = None
         if settings.encoder_transfer_backend is not TransferBackend.INLINE:
             # Imported here: an inline-only pod never loads the ZMQ machinery.
             from encoder_pod.transfer.zmq_push import ZmqTransfer
 
-            self._zmq = ZmqTransfer(settings, settings.encoder_transfer_backend)
+            self._zmq = ZmqTransfer(settings, settings.encoder_transfer_backend, max_registrations=max_registrations)
         self._configured: Transfer = self._zmq or self._inline
 
     @property

@@ -19,7 +19,7 @@ from typing import Any
 from encoder_pod.errors import EncoderError, InternalError, InvalidRequest, TransferFailed
 from encoder_pod.models.base import EncodedPart
 from encoder_pod.protocol import EncodeRequest
-from encoder_pod.settings import EncoderSettings, TransferBackend
+from encoder_pod.settings import TransferBackend, TransferSettings
 from encoder_pod.transfer.base import Transfer
 from encoder_pod.transfer.frames import FrameCodec, codec_for
 from encoder_pod.transfer.push_sender import PushSender, host_port
@@ -36,7 +36,16 @@ def endpoint(host: str, port: int) -> str:
 class ZmqTransfer(Transfer):
     """Pushes embeddings to prefill servers over ZMQ (both backends; they differ in destinations)."""
 
-    def __init__(self, settings: EncoderSettings, backend: TransferBackend, *, sender: PushSender | None = None, codec: FrameCodec | None = None) -> None:
+    def __init__(
+        self,
+        settings: TransferSettings,
+        backend: TransferBackend,
+        *,
+        max_registrations: int = 1024,
+        sender: PushSender | None = None,
+        codec: FrameCodec | None = None,
+    ) -> None:
+        """``max_registrations``: receive URLs held at once (the pod passes its admission bound)."""
         if backend is TransferBackend.INLINE:
             raise ValueError("ZmqTransfer is for the zmq_* backends")
         self.name = backend.value
@@ -48,7 +57,7 @@ class ZmqTransfer(Transfer):
             idle_s=settings.transfer_socket_idle_s,
             linger_s=settings.transfer_linger_s,
         )
-        self._table = ReceiveUrlTable(ttl=settings.send_timeout, max_entries=settings.max_queue)
+        self._table = ReceiveUrlTable(ttl=settings.send_timeout, max_entries=max_registrations)
         # A failed push's destinations and the ones that failed: the error part goes to the others.
         self._after_failure: dict[str, tuple[tuple[str, ...], set[str]]] = {}
         self._background: set[asyncio.Task[None]] = set()

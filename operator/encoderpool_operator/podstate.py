@@ -38,6 +38,8 @@ PROBE_FAILING = "ProbeFailing"
 SEVERITY = (UNSCHEDULABLE, IMAGE_PULL_FAILED, MODEL_LOAD_FAILED, CONTAINER_CONFIG_ERROR, CRASH_LOOP, PROBE_FAILING)
 
 MODEL_LOAD_EXIT_CODE = 3
+"""Mirrors encoder_pod.exitcodes.ExitCode.MODEL_LOAD_FAILED (the operator may not import the pod;
+tests/unit/encoder/test_exitcodes.py pins the two equal)."""
 MODEL_LOAD_MESSAGE = re.compile(r"model[ _-]?load|load(ing)? (the )?model|MODEL_PATH|model-path|config\.json", re.I)
 IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName"}
 CONFIG_REASONS = {"CreateContainerConfigError", "CreateContainerError"}

@@ -31,8 +31,8 @@ def _encode(adapter, requests):
 @pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl", "clip", "siglip"])
 def test_cuda_bf16_batched_equals_unbatched_and_tracks_cpu(arch, tiny_model):
     path = str(tiny_model(arch))
-    gpu = load_adapter(load_settings(env={"ENCODER_MODEL_PATH": path, "ENCODER_DEVICE": "cuda"}))
-    cpu = load_adapter(load_settings(env={"ENCODER_MODEL_PATH": path, "ENCODER_DEVICE": "cpu"}))
+    gpu = load_adapter(load_settings(env={"ENCODER_MODEL_PATH": path, "ENCODER_DEVICE": "cuda"}).model)
+    cpu = load_adapter(load_settings(env={"ENCODER_MODEL_PATH": path, "ENCODER_DEVICE": "cpu"}).model)
     assert (gpu.device.type, gpu.dtype) == ("cuda", torch.bfloat16)
     requests = [[_image(64, 48, 1)], [_image(30, 100, 2), _image(224, 224, 3)], [_image(3, 500, 4)]]
     parts = _encode(gpu, requests)

@@ -125,7 +125,7 @@ def test_async_receiver_survives_malformed_frames_and_expires_requests():
 
 def test_transfer_delivers_parts_and_errors_to_the_receiver():
     async def main():
-        transfer = ZmqTransfer(load_settings(env={"ENCODER_SEND_TIMEOUT": "5"}), TransferBackend.ZMQ_TO_TOKENIZER)
+        transfer = ZmqTransfer(load_settings(env={"ENCODER_SEND_TIMEOUT": "5"}).transfer, TransferBackend.ZMQ_TO_TOKENIZER)
         try:
             async with AsyncEmbeddingReceiver() as rx:
                 emb = torch.randn(4, 8, dtype=torch.bfloat16)
@@ -190,7 +190,7 @@ def test_dead_destination_costs_only_its_own_callers():
 
 def test_no_task_or_socket_growth_pushing_to_dead_ports():
     async def main():
-        settings = load_settings(env={"ENCODER_SEND_TIMEOUT": "0.05", "ENCODER_TRANSFER_MAX_SOCKETS": "4"})
+        settings = load_settings(env={"ENCODER_SEND_TIMEOUT": "0.05", "ENCODER_TRANSFER_MAX_SOCKETS": "4"}).transfer
         transfer = ZmqTransfer(settings, TransferBackend.ZMQ_TO_SCHEDULER)
         ports = [free_port() for _ in range(10)]
         part = EncodedPart(torch.ones(2, 2), [2], [[]])

@@ -88,7 +88,7 @@ def _request(req_id: str, modality: Modality, num_parts: int, part_idx: int, por
 
 
 def _encoders(n: int, backend: TransferBackend = TransferBackend.ZMQ_TO_TOKENIZER) -> list[ZmqTransfer]:
-    settings = load_settings(env={"ENCODER_WIRE_FORMAT": WIRE, "ENCODER_SEND_TIMEOUT": "10"})
+    settings = load_settings(env={"ENCODER_WIRE_FORMAT": WIRE, "ENCODER_SEND_TIMEOUT": "10"}).transfer
     return [ZmqTransfer(settings, backend) for _ in range(n)]
 
 

@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 
-from encoder_pod.parallel.worker import EXIT_OK, EXIT_ORPHANED, EXIT_TP_GROUP_DOWN
+from encoder_pod.exitcodes import ExitCode
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def _watch_leader(fd: int) -> None:
             pass
         # The main thread may sit in a collective whose peer is gone: no clean exit.
         log.error("rank 0 of the group is gone; follower exits")
-        os._exit(EXIT_ORPHANED)
+        os._exit(ExitCode.ORPHANED)
 
     threading.Thread(target=wait, name="tp-leader-watch", daemon=True).start()
 
@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
     spec = FollowerSpec.from_json(spec_json)
     settings = EncoderSettings.model_validate_json(spec.settings_json)
     logging.basicConfig(
-        level=settings.log_level.upper(),
+        level=settings.observability.log_level.upper(),
         format=f"%(asctime)s %(levelname)s [{spec.label} tp-rank {spec.rank}] %(name)s: %(message)s",
         force=True,
     )
@@ -62,16 +62,16 @@ class Follower:
         self.spec = spec
         self.settings = settings
         self.steps = 0
-        self.profiler: "Profiler | None" = None  # noqa: F821 - lazy import
+        self.profiler: "TorchProfiler | None" = None  # noqa: F821 - lazy import
 
     def _profile(self, header: "Header") -> None:  # noqa: F821 - lazy import
         """PROFILE_START / PROFILE_STOP: no collective, so a local failure leaves the group in step."""
         from encoder_pod.parallel.tensor.group import rank_dir
         from encoder_pod.parallel.tensor.wire import Op
-        from encoder_pod.profiling import Profiler
+        from encoder_pod.profiling import TorchProfiler
 
         if self.profiler is None:
-            self.profiler = Profiler()
+            self.profiler = TorchProfiler()
         try:
             if header.op is Op.PROFILE_START:
                 assert header.profile is not None  # Header.decode checks it
@@ -92,9 +92,10 @@ class Follower:
         from encoder_pod.parallel.tensor.member import is_collective_failure, join, leave, open_store
         from encoder_pod.parallel.tensor.wire import Op, WireError
 
-        if self.settings.num_threads:
-            torch.set_num_threads(self.settings.num_threads)
-        store = open_store(self.spec.rank, self.spec.tp_size, self.spec.store_port, self.settings.tp_collective_timeout)
+        if self.settings.model.num_threads:
+            torch.set_num_threads(self.settings.model.num_threads)
+        timeout = self.settings.parallel.tp_collective_timeout
+        store = open_store(self.spec.rank, self.spec.tp_size, self.spec.store_port, timeout)
         adapter, channel = join(self.settings, store, self.spec.rank)
         expected = 0
         while True:
@@ -115,14 +116,14 @@ class Follower:
                 inputs = channel.receive_tensors(header.tensors)
             except Exception:  # noqa: BLE001 - a failed receive is a broken group
                 log.exception("receive failed; leaving the group")
-                return EXIT_TP_GROUP_DOWN
+                return ExitCode.TP_GROUP_DOWN
             batch = PreparedBatch(inputs=inputs, item_tokens=header.item_tokens)
             try:
                 adapter.forward(batch)  # the output is replicated: rank 0's copy is the answer
             except Exception as exc:  # noqa: BLE001 - see below
                 if is_collective_failure(exc):
                     log.exception("forward of step %d failed in a collective; leaving the group", header.seq)
-                    return EXIT_TP_GROUP_DOWN
+                    return ExitCode.TP_GROUP_DOWN
                 # Same inputs, same code: rank 0 raised at the same point and answers the error.
                 log.warning("forward of step %d failed on every rank: %s", header.seq, exc)
             self.steps += 1
@@ -133,7 +134,7 @@ class Follower:
                 log.warning("profile stop at STOP failed: %s", exc)
         leave()
         log.info("stopped after %d forwards", self.steps)
-        return EXIT_OK
+        return ExitCode.OK
 
 
 if __name__ == "__main__":

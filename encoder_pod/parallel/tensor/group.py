@@ -14,7 +14,7 @@ stop (followers never stop by themselves).
 
 Failure: the group lives and dies as one process tree. A follower that exits, or a collective that
 fails or times out, makes rank 0 kill the other followers and exit with
-:data:`~encoder_pod.parallel.worker.EXIT_TP_GROUP_DOWN`; the data-parallel supervisor then answers
+:attr:`~encoder_pod.exitcodes.ExitCode.TP_GROUP_DOWN`; the data-parallel supervisor then answers
 the group's in-flight requests 503 and restarts it with backoff. Followers exit when rank 0 does
 (they watch a pipe whose write end only rank 0 holds).
 """
@@ -33,15 +33,15 @@ from typing import Any, Sequence
 import torch
 
 import encoder_pod
-from encoder_pod.modality import Modality
 from encoder_pod.errors import InvalidRequest
-from encoder_pod.models.base import EncodedPart, EncoderAdapter, MediaItem, PreparedBatch
+from encoder_pod.exitcodes import ExitCode
+from encoder_pod.modality import Modality
+from encoder_pod.models.base import BaseAdapter, EncodedPart, MediaItem, PreparedBatch, warm_up
 from encoder_pod.parallel.tensor.channel import Channel, metas_of
 from encoder_pod.parallel.tensor.member import FollowerSpec, is_collective_failure, join, leave, open_store
 from encoder_pod.parallel.tensor.wire import Header, Op
-from encoder_pod.parallel.worker import EXIT_LOAD_FAILED, EXIT_TP_GROUP_DOWN
-from encoder_pod.profiling import ProfileOptions, Profiler
-from encoder_pod.settings import EncoderSettings
+from encoder_pod.profiling import ProfileOptions, TorchProfiler
+from encoder_pod.settings import EncoderSettings, ModelSettings
 
 log = logging.getLogger(__name__)
 
@@ -69,31 +69,43 @@ class TensorParallelGroup:
         self._serving = False
         self._closing = threading.Event()
         self._keepalive: threading.Thread | None = None
-        self._profiler = Profiler()  # rank 0's own; never counts steps (see _count_profiled_step)
+        self._profiler = TorchProfiler()  # rank 0's own; never counts steps (see _count_profiled_step)
         self._profile: ProfileOptions | None = None
         self._profile_steps_left: int | None = None
         self.profiler = GroupProfiler(self)
-        """What the runtime uses instead of its own :class:`Profiler`."""
+        """What the runtime uses instead of its own :class:`TorchProfiler`."""
 
     # --- start ------------------------------------------------------------------------------
-    def load_adapter(self, settings: EncoderSettings) -> "TensorParallelAdapter":
-        """The runtime's adapter loader: start followers, join the group, shard (blocking)."""
-        store = open_store(0, settings.tp_size, 0, settings.tp_collective_timeout)
-        self._start_followers(settings, store.port)
-        adapter, self._channel = join(settings, store, 0)
+    def load_adapter(self, model: ModelSettings) -> "TensorParallelAdapter":
+        """The runtime's adapter loader: start followers, join the group, shard (blocking).
+
+        ``model`` is the runtime's model group; it is this group's own (every rank loads the same).
+        """
+        assert model == self.settings.model, "a group serves the settings it was made with"
+        parallel = self.settings.parallel
+        store = open_store(0, parallel.tp_size, 0, parallel.tp_collective_timeout)
+        self._start_followers(store.port)
+        adapter, self._channel = join(self.settings, store, 0)
         self._serving = True
         self._keepalive = threading.Thread(target=self._keepalive_loop, name="tp-keepalive", daemon=True)
         self._keepalive.start()
         return TensorParallelAdapter(adapter, self)
 
-    def _start_followers(self, settings: EncoderSettings, port: int) -> None:
+    @property
+    def profiling(self) -> bool:
+        """True while the group records a profile."""
+        return self._profiler.active
+
+    def _start_followers(self, port: int) -> None:
+        settings = self.settings
+        tp_size = settings.parallel.tp_size
         read_fd, self._pipe_w = os.pipe()
         env = dict(os.environ)
         root = str(Path(encoder_pod.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         try:
-            for rank in range(1, settings.tp_size):
-                spec = FollowerSpec(self.label, rank, settings.tp_size, port, settings.model_dump_json())
+            for rank in range(1, tp_size):
+                spec = FollowerSpec(self.label, rank, tp_size, port, settings.model_dump_json())
                 cmd = [sys.executable, "-m", "encoder_pod.parallel.tensor.follower", spec.to_json(), str(read_fd)]
                 self._followers.append(subprocess.Popen(cmd, env=env, pass_fds=(read_fd,)))
         finally:
@@ -114,7 +126,7 @@ class TensorParallelGroup:
 
         A clean exit could hang: the model thread may sit in a collective with a dead peer.
         """
-        code = EXIT_TP_GROUP_DOWN if self._serving else EXIT_LOAD_FAILED
+        code = ExitCode.TP_GROUP_DOWN if self._serving else ExitCode.MODEL_LOAD_FAILED
         log.critical("tensor-parallel group %s is down: %s; exiting so the group restarts", self.label, reason)
         self._closing.set()
         for proc in self._followers:
@@ -137,7 +149,7 @@ class TensorParallelGroup:
             self.abort(f"broadcast of step {self._seq} failed: {type(exc).__name__}: {exc}")
         self._last_send = time.monotonic()
 
-    def forward(self, inner: EncoderAdapter, batch: PreparedBatch) -> torch.Tensor:
+    def forward(self, inner: BaseAdapter, batch: PreparedBatch) -> torch.Tensor:
         """Broadcast the batch and run the sharded forward on every rank, in one locked step."""
         metas_of(batch.inputs)  # a batch that cannot be broadcast fails here, before any collective
         with self._lock:
@@ -159,7 +171,7 @@ class TensorParallelGroup:
     def start_profile(self, options: dict[str, Any]) -> dict[str, Any]:
         """Every rank starts its profiler, in dispatch order (rank 0 validates before broadcasting)."""
         opts = ProfileOptions.parse(options)  # a malformed body never reaches a follower
-        tp_size = self.settings.tp_size
+        tp_size = self.settings.parallel.tp_size
         with self._lock:
             if self._closing.is_set():
                 raise RuntimeError(f"tensor-parallel group {self.label} is stopping")
@@ -190,7 +202,7 @@ class TensorParallelGroup:
         self._send(Op.PROFILE_STOP)
         answer = self._profiler.stop()
         if opts is not None:
-            answer["tp_rank_dirs"] = [str(Path(opts.output_dir) / rank_dir(r)) for r in range(self.settings.tp_size)]
+            answer["tp_rank_dirs"] = [str(Path(opts.output_dir) / rank_dir(r)) for r in range(self.settings.parallel.tp_size)]
         return answer
 
     def _count_profiled_step(self) -> None:
@@ -206,7 +218,7 @@ class TensorParallelGroup:
 
     def _keepalive_loop(self) -> None:
         """An idle follower waits in a broadcast bounded by the collective timeout: feed it."""
-        interval = self.settings.tp_collective_timeout / 4
+        interval = self.settings.parallel.tp_collective_timeout / 4
         while not self._closing.wait(interval / 2):
             if time.monotonic() - self._last_send < interval:
                 continue
@@ -252,27 +264,27 @@ class TensorParallelGroup:
     def describe(self) -> dict[str, Any]:
         """The group in /server_info."""
         return {
-            "tp_size": self.settings.tp_size,
+            "tp_size": self.settings.parallel.tp_size,
             "label": self.label,
             "follower_pids": [p.pid for p in self._followers],
             "steps": self._seq,
         }
 
 
-class GroupProfiler(Profiler):
-    """The runtime's profiler on rank 0 of a group: start and stop go to every rank of the group.
+class GroupProfiler:
+    """The runtime's :class:`~encoder_pod.profiling.Profiler` on rank 0 of a group: start and stop
+    go to every rank of the group.
 
     ``step`` does nothing: the group counts forwards under its dispatch lock (num_steps).
     """
 
     def __init__(self, group: TensorParallelGroup) -> None:
-        super().__init__()
         self._group = group
 
     @property
     def active(self) -> bool:
         """True while the group records a profile."""
-        return self._group._profiler.active
+        return self._group.profiling
 
     def start(self, options: dict[str, Any] | ProfileOptions) -> dict[str, Any]:
         """Broadcast PROFILE_START, start rank 0's profiler."""
@@ -288,29 +300,27 @@ class GroupProfiler(Profiler):
         return self._group.stop_profile()
 
 
-class TensorParallelAdapter(EncoderAdapter):
-    """The wrapped adapter on rank 0: everything runs here except ``forward``, which is broadcast."""
+class TensorParallelAdapter:
+    """The wrapped adapter on rank 0 (an :class:`~encoder_pod.models.base.EncoderAdapter`):
+    everything runs here except ``forward``, which is broadcast."""
 
-    def __init__(self, inner: EncoderAdapter, group: TensorParallelGroup) -> None:
-        super().__init__(inner.model_dir, inner.settings, inner.device, inner.dtype)
+    def __init__(self, inner: BaseAdapter, group: TensorParallelGroup) -> None:
         self.inner = inner
         self.group = group
-        # Instance attributes shadow the ClassVars: the runtime reads them from the adapter it holds.
-        self.name = inner.name  # type: ignore[misc]
-        self.modalities = inner.modalities  # type: ignore[misc]
 
-    @classmethod
-    def matches(cls, config: dict[str, Any]) -> bool:
-        """Never chosen from a checkpoint: it only wraps a loaded adapter."""
-        return False
+    @property
+    def name(self) -> str:
+        """As the wrapped adapter."""
+        return self.inner.name
 
-    @classmethod
-    def write_tiny(cls, out: Path, preset: str = "tiny") -> None:
-        """Not a family: write the wrapped family's checkpoint instead."""
-        raise NotImplementedError("TensorParallelAdapter wraps a loaded adapter")
+    @property
+    def modalities(self) -> frozenset[Modality]:
+        """As the wrapped adapter."""
+        return self.inner.modalities
 
-    def load(self) -> None:
-        """Loaded by :meth:`TensorParallelGroup.load_adapter`."""
+    def warmup(self) -> None:
+        """One real encode through this adapter, so the forward is broadcast to every rank."""
+        warm_up(self)
 
     def measure(self, item: MediaItem) -> int:
         """As the wrapped adapter (rank 0 only)."""

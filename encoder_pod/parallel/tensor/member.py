@@ -18,11 +18,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from encoder_pod.models.base import EncoderAdapter
+from encoder_pod.models.base import BaseAdapter
 from encoder_pod.models.registry import load_adapter, resolve_device
 from encoder_pod.parallel.tensor.channel import Channel
 from encoder_pod.parallel.tensor.sharding import NotShardable, check_shardable, shard_tower
-from encoder_pod.settings import EncoderSettings
+from encoder_pod.settings import EncoderSettings, ModelSettings
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +56,9 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def rank_device(settings: EncoderSettings, rank: int) -> torch.device:
+def rank_device(model: ModelSettings, rank: int) -> torch.device:
     """This rank's device: GPU ``rank`` of the group's visible ones, or the CPU."""
-    device = resolve_device(settings)
+    device = resolve_device(model)
     if device.type == "cuda":
         # The group sees its T GPUs; rank r takes the r-th. Later .to("cuda") calls follow it.
         torch.cuda.set_device(rank)
@@ -73,12 +73,13 @@ def open_store(rank: int, tp_size: int, port: int, timeout_s: float) -> dist.TCP
     )
 
 
-def join(settings: EncoderSettings, store: dist.Store, rank: int) -> tuple[EncoderAdapter, Channel]:
+def join(settings: EncoderSettings, store: dist.Store, rank: int) -> tuple[BaseAdapter, Channel]:
     """Init the process group, load the tower, shard it; returns (adapter, channel).
 
     Every rank calls this in the same order: sharding distributes parameters collectively.
     """
-    device = rank_device(settings, rank)
+    tp_size = settings.parallel.tp_size
+    device = rank_device(settings.model, rank)
     if device.type == "cpu":
         # gloo picks an interface from the hostname, which a container may not route; the group
         # is local, so loopback always works.
@@ -87,23 +88,23 @@ def join(settings: EncoderSettings, store: dist.Store, rank: int) -> tuple[Encod
         backend_for(device),
         store=store,
         rank=rank,
-        world_size=settings.tp_size,
-        timeout=timedelta(seconds=settings.tp_collective_timeout),
+        world_size=tp_size,
+        timeout=timedelta(seconds=settings.parallel.tp_collective_timeout),
         device_id=device if device.type == "cuda" else None,
     )
-    adapter = load_adapter(settings)
+    adapter = load_adapter(settings.model)
     model = tower_of(adapter)
     try:
-        check_shardable(model, settings.tp_size)
+        check_shardable(model, tp_size)
     except NotShardable as exc:
-        raise RuntimeError(f"cannot split {adapter.name} over ENCODER_TP_SIZE={settings.tp_size}: {exc}") from None
-    mesh = init_device_mesh(device.type, (settings.tp_size,))
+        raise RuntimeError(f"cannot split {adapter.name} over ENCODER_TP_SIZE={tp_size}: {exc}") from None
+    mesh = init_device_mesh(device.type, (tp_size,))
     shard_tower(model, mesh)
-    log.info("rank %d of %d: %s sharded on %s", rank, settings.tp_size, adapter.name, device)
+    log.info("rank %d of %d: %s sharded on %s", rank, tp_size, adapter.name, device)
     return adapter, Channel(device)
 
 
-def tower_of(adapter: EncoderAdapter) -> Any:
+def tower_of(adapter: BaseAdapter) -> Any:
     """The module the adapter's forward runs (CLIP's trimmed tower, Qwen's whole model)."""
     tower = getattr(adapter, "tower", None) or getattr(adapter, "model", None)
     if tower is None:

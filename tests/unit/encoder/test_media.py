@@ -9,11 +9,17 @@ import os
 import pytest
 from PIL import Image
 
+from encoder_pod.errors import MediaError
 from encoder_pod.media.images import decode_image
 from encoder_pod.media.sources import MediaSources, SourceError
 from encoder_pod.settings import load_settings
 
 pytestmark = pytest.mark.unit
+
+
+def _sources(**env: str) -> MediaSources:
+    settings = load_settings(env=env)
+    return MediaSources(settings.media, max_bytes=settings.server.max_request_bytes)
 
 
 def _png(w: int = 20, h: int = 10) -> bytes:
@@ -29,7 +35,7 @@ def _jpeg_b64() -> str:
 
 
 def test_data_uri_raw_base64_and_jpeg_leading_slash():
-    src = MediaSources(load_settings(env={}))
+    src = _sources()
     png = _png()
     assert src.fetch("data:image/png;base64," + base64.b64encode(png).decode()) == png
     assert src.fetch(base64.b64encode(png).decode()) == png
@@ -40,13 +46,13 @@ def test_data_uri_raw_base64_and_jpeg_leading_slash():
 
 def test_paths_refused_without_root_and_confined_with_it(tmp_path):
     with pytest.raises(SourceError, match="ALLOWED_LOCAL_MEDIA_PATH"):
-        MediaSources(load_settings(env={})).fetch("/tmp/x.png")
+        _sources().fetch("/tmp/x.png")
     root = tmp_path / "root"
     root.mkdir()
     (root / "a.png").write_bytes(_png())
     (tmp_path / "out.png").write_bytes(_png())
     os.symlink(tmp_path / "out.png", root / "sneaky.png")
-    src = MediaSources(load_settings(env={"ENCODER_ALLOWED_LOCAL_MEDIA_PATH": str(root)}))
+    src = _sources(ENCODER_ALLOWED_LOCAL_MEDIA_PATH=str(root))
     assert src.fetch(str(root / "a.png")) == _png()
     assert src.fetch("file://a.png") == _png()
     for bad in ["../out.png", str(root / "sneaky.png"), "file:///etc/passwd", str(root / ".." / "out.png")]:
@@ -56,21 +62,30 @@ def test_paths_refused_without_root_and_confined_with_it(tmp_path):
 
 def test_urls_refused_unless_allowed():
     with pytest.raises(SourceError, match="ENCODER_ALLOW_URL_FETCH"):
-        MediaSources(load_settings(env={})).fetch("https://example.com/a.png")
-    src = MediaSources(load_settings(env={"ENCODER_ALLOW_URL_FETCH": "1", "ENCODER_ALLOWED_URL_HOSTS": "good.example"}))
+        _sources().fetch("https://example.com/a.png")
+    src = _sources(ENCODER_ALLOW_URL_FETCH="1", ENCODER_ALLOWED_URL_HOSTS="good.example,127.0.0.1")
     with pytest.raises(SourceError, match="evil.example"):
         src.fetch("https://evil.example/a.png")
+    # An allowed host that does not answer (nothing listens on the discard port): the item's fault.
+    with pytest.raises(SourceError, match="failed"):
+        src.fetch("http://127.0.0.1:9/a.png")
+
+
+def test_unusable_paths_are_the_items_fault(tmp_path):
+    src = _sources(ENCODER_ALLOWED_LOCAL_MEDIA_PATH=str(tmp_path))
+    with pytest.raises(SourceError, match="not a valid file name"):
+        src.fetch("a\x00.png")
 
 
 def test_decode_checks_size_before_pixels():
-    with pytest.raises(ValueError, match="above the limit"):
+    with pytest.raises(MediaError, match="above the limit"):
         decode_image(_png(100, 100), max_pixels=5000)
     assert decode_image(_png(100, 10), max_pixels=5000).size == (100, 10)
-    with pytest.raises(ValueError, match="truncated"):
+    with pytest.raises(MediaError, match="truncated"):
         decode_image(_png(64, 64)[:80], max_pixels=10**6)
-    with pytest.raises(ValueError, match="not a decodable image"):
+    with pytest.raises(MediaError, match="not a decodable image"):
         decode_image(b"GIF89a-but-not-really", max_pixels=10**6)
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(MediaError, match="empty"):
         decode_image(b"", max_pixels=10**6)
 
 

@@ -1,4 +1,4 @@
-"""Settings: ENCODER_* env, SGLANG_ENCODER_* aliases, CLI flags, bounds named in errors."""
+"""Settings: ENCODER_* env, SGLANG_ENCODER_* aliases, CLI flags, bounds named in errors, groups."""
 
 from __future__ import annotations
 
@@ -6,24 +6,32 @@ import argparse
 
 import pytest
 
-from encoder_pod.settings import EncoderSettings, SettingsError, TransferBackend, add_settings_arguments, load_settings
+from encoder_pod.settings import (
+    EncoderSettings,
+    SettingsError,
+    TransferBackend,
+    add_settings_arguments,
+    all_settings,
+    load_settings,
+    setting_groups,
+)
 
 pytestmark = pytest.mark.unit
 
 
 def test_defaults_match_contract():
     s = load_settings(env={})
-    assert (s.max_batch_size, s.max_wait_ms, s.req_timeout, s.mm_load_workers) == (8, 0, 180, 4)
-    assert (s.dp_worker_max_inflight, s.send_timeout, s.image_processor_use_gpu) == (64, 180, False)
-    assert s.allow_url_fetch is False and s.allowed_local_media_path is None
-    assert s.encoder_transfer_backend is TransferBackend.INLINE and s.port == 30000
+    assert (s.batching.max_batch_size, s.batching.max_wait_ms, s.admission.req_timeout, s.media.mm_load_workers) == (8, 0, 180, 4)
+    assert (s.parallel.dp_worker_max_inflight, s.transfer.send_timeout, s.model.image_processor_use_gpu) == (64, 180, False)
+    assert s.media.allow_url_fetch is False and s.media.allowed_local_media_path is None
+    assert s.transfer.encoder_transfer_backend is TransferBackend.INLINE and s.server.port == 30000
 
 
 def test_sglang_alias_and_encoder_name_wins():
     s = load_settings(env={"SGLANG_ENCODER_MAX_BATCH_SIZE": "3", "SGLANG_ENCODER_REQ_TIMEOUT": "7"})
-    assert s.max_batch_size == 3 and s.req_timeout == 7
+    assert s.batching.max_batch_size == 3 and s.admission.req_timeout == 7
     s = load_settings(env={"SGLANG_ENCODER_MAX_BATCH_SIZE": "3", "ENCODER_MAX_BATCH_SIZE": "5"})
-    assert s.max_batch_size == 5
+    assert s.batching.max_batch_size == 5
 
 
 def test_cli_overrides_env():
@@ -31,16 +39,25 @@ def test_cli_overrides_env():
     add_settings_arguments(parser)
     args = parser.parse_args(["--max-batch-size", "16", "--allow-url-fetch", "--encoder-transfer-backend", "zmq_to_scheduler"])
     s = load_settings(cli=vars(args), env={"ENCODER_MAX_BATCH_SIZE": "2"})
-    assert s.max_batch_size == 16 and s.allow_url_fetch is True
-    assert s.encoder_transfer_backend is TransferBackend.ZMQ_TO_SCHEDULER
+    assert s.batching.max_batch_size == 16 and s.media.allow_url_fetch is True
+    assert s.transfer.encoder_transfer_backend is TransferBackend.ZMQ_TO_SCHEDULER
 
 
 def test_every_field_has_flag_and_docstring():
     parser = argparse.ArgumentParser()
     add_settings_arguments(parser)
     flags = {a.dest for a in parser._actions}
-    for name, info in EncoderSettings.model_fields.items():
-        assert name in flags and info.description, name
+    for name, setting in all_settings().items():
+        assert name in flags and setting.info.description, name
+        assert "\n" not in setting.info.description, f"{name}: the docstring is one line"
+
+
+def test_names_are_flat_and_unique_across_groups():
+    """Groups organise the code only: every env name is ENCODER_<field>, whatever its group."""
+    listed = [name for cls in setting_groups().values() for name in cls.model_fields]
+    assert len(listed) == len(set(listed)) == len(all_settings())
+    assert all_settings()["max_batch_size"].group == "batching"
+    assert all_settings()["max_batch_size"].env == "ENCODER_MAX_BATCH_SIZE"
 
 
 @pytest.mark.parametrize(
@@ -51,7 +68,7 @@ def test_every_field_has_flag_and_docstring():
         ({"ENCODER_REQ_TIMEOUT": "-1"}, ["ENCODER_REQ_TIMEOUT"]),
         ({"SGLANG_ENCODER_MM_LOAD_WORKERS": "many"}, ["ENCODER_MM_LOAD_WORKERS"]),
         ({"ENCODER_ENCODER_TRANSFER_BACKEND": "rdma"}, ["ENCODER_ENCODER_TRANSFER_BACKEND", "inline"]),
-        ({"ENCODER_VIDEO_MIN_FRAMES": "10", "ENCODER_VIDEO_MAX_FRAMES": "2"}, ["video_min_frames"]),
+        ({"ENCODER_VIDEO_MIN_FRAMES": "10", "ENCODER_VIDEO_MAX_FRAMES": "2"}, ["video_min_frames", "ENCODER_VIDEO_MAX_FRAMES"]),
     ],
 )
 def test_bad_values_stop_with_named_variable(env, words):
@@ -61,6 +78,25 @@ def test_bad_values_stop_with_named_variable(env, words):
         assert word in str(info.value)
 
 
+def test_settings_error_is_an_ordinary_exception():
+    """Library code raises it; only the CLI turns it into an exit code (asyncio and except Exception see it)."""
+    assert issubclass(SettingsError, Exception) and not issubclass(SettingsError, SystemExit)
+
+
 def test_url_hosts_split():
     s = load_settings(env={"ENCODER_ALLOWED_URL_HOSTS": "a.example, B.example ,"})
-    assert s.allowed_url_hosts == ["a.example", "b.example"]
+    assert s.media.allowed_url_hosts == ["a.example", "b.example"]
+
+
+def test_json_round_trip_is_exact():
+    """Workers and tensor-parallel ranks rebuild the settings from the JSON their parent sends."""
+    s = load_settings(env={"ENCODER_ALLOWED_URL_HOSTS": "a.example", "ENCODER_ENCODER_TRANSFER_BACKEND": "zmq_to_scheduler",
+                           "ENCODER_TP_SIZE": "2", "ENCODER_MAX_WAIT_MS": "2.5", "ENCODER_ALLOWED_LOCAL_MEDIA_PATH": "/m"})
+    again = EncoderSettings.model_validate_json(s.model_dump_json())
+    assert again == s and again.transfer.encoder_transfer_backend is TransferBackend.ZMQ_TO_SCHEDULER
+
+
+def test_settings_are_immutable():
+    s = load_settings(env={})
+    with pytest.raises(ValueError):
+        s.batching.max_batch_size = 3  # type: ignore[misc]

@@ -18,7 +18,7 @@ def _load(path: Path, **env: str) -> EncoderAdapter:
     from encoder_pod.models.registry import load_adapter
     from encoder_pod.settings import load_settings
 
-    return load_adapter(load_settings(env={"ENCODER_MODEL_PATH": str(path), **env}))
+    return load_adapter(load_settings(env={"ENCODER_MODEL_PATH": str(path), **env}).model)
 
 
 @pytest.fixture(scope="session")

@@ -153,7 +153,7 @@ def test_a_24k_model_gets_24k_audio(tiny_model, load_checkpoint, tmp_path):
     _edit_json(path / "preprocessor_config.json", sampling_rate=24000, chunk_length=20, n_samples=None, nb_max_frames=None)
     adapter = load_checkpoint(path)
     assert adapter.sample_rate == 24000 and adapter.feature_extractor.sampling_rate == 24000
-    settings = load_settings(env={})
+    settings = load_settings(env={}).media
     item = decode_item(Modality.AUDIO, audio_bytes(tone(1.0, 16000), 16000), adapter, settings)
     assert item.data.size == 24000
     # 1 s at 24 kHz is 150 mel frames -> 75 rows; 16 kHz samples fed as-is would give 50.
@@ -200,9 +200,10 @@ def test_missing_weight_fails_loudly(arch, tiny_model, load_checkpoint, tmp_path
 @pytest.mark.parametrize("arch", ["whisper", "qwen2_audio", "llava_next"])
 def test_each_new_checkpoint_matches_only_its_own_family(arch, tiny_model):
     """Seven families share one registry: a checkpoint must select exactly one adapter."""
-    from encoder_pod.models.base import read_config
-    from encoder_pod.models.registry import ADAPTERS, adapter_class, resolve_adapter
+    from encoder_pod.models.families import default_registry
+    from encoder_pod.models.family import read_config
 
+    registry = default_registry()
     config = read_config(tiny_model(arch))
-    assert resolve_adapter(tiny_model(arch)) is adapter_class(arch)
-    assert [other for other in ADAPTERS if adapter_class(other).matches(config)] == [arch]
+    assert registry.discover(tiny_model(arch)).family == arch
+    assert [found.family for found in registry.recognise_all(tiny_model(arch), config)] == [arch]

@@ -14,7 +14,9 @@ from safetensors.torch import load_file, save_file
 
 from encoder_pod.modality import Modality
 from encoder_pod.models.base import MediaItem, read_config
-from encoder_pod.models.registry import adapter_class, make_tiny_model, resolve_adapter
+from encoder_pod.models.families import default_registry
+from encoder_pod.models.family import Layout
+from encoder_pod.models.registry import make_tiny_model
 
 pytestmark = pytest.mark.integration
 
@@ -147,9 +149,13 @@ def test_unexpected_weight_fails_loudly(arch, tiny_model, load_checkpoint, tmp_p
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_each_checkpoint_matches_only_its_own_family(arch, tiny_model):
+    registry = default_registry()
     config = read_config(tiny_model(arch))
-    assert resolve_adapter(tiny_model(arch)) is adapter_class(arch)
-    assert [other for other in ARCHS if adapter_class(other).matches(config)] == [arch]
+    found = registry.discover(tiny_model(arch))
+    assert (found.family, found.layout, found.path) == (arch, Layout.TOWER, tiny_model(arch))
+    assert found.architecture in {"Qwen2VisionTransformerPretrainedModel", "Qwen2_5_VisionTransformerPretrainedModel",
+                                  "CLIPVisionModel", "SiglipVisionModel"}
+    assert [f.family for f in registry.recognise_all(tiny_model(arch), config)] == [arch]
 
 
 @pytest.mark.parametrize(
@@ -168,9 +174,10 @@ def test_each_checkpoint_matches_only_its_own_family(arch, tiny_model):
 )
 def test_other_families_are_not_matched(config, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
-    assert not [arch for arch in ARCHS if adapter_class(arch).matches(config)]
+    registry = default_registry()
+    assert registry.recognise_all(tmp_path, config) == []
     with pytest.raises(ValueError, match="no encoder adapter"):
-        resolve_adapter(tmp_path)
+        registry.discover(tmp_path)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import pytest
 
-from encoder_pod.settings import EncoderSettings, add_settings_arguments, load_settings
+from encoder_pod.settings import add_settings_arguments, all_settings, load_settings
 from encoderpool_operator import names
 from encoderpool_operator.podenv import container_command, container_env, encoder_settings
 from encoderpool_operator.spec import Pool, PoolSpec
@@ -60,9 +60,9 @@ def expected_fields(spec: PoolSpec) -> dict[str, Any]:
 def test_rendered_env_loads_into_the_pod_settings(case: str, make_pool: Callable[..., Pool]) -> None:
     spec = make_pool(SPECS[case]).spec
     env = {e["name"]: e["value"] for e in container_env(spec) if "value" in e}
-    loaded = load_settings(env=env)
+    loaded = load_settings(env=env).flat()
     for field, value in expected_fields(spec).items():
-        got = getattr(loaded, field)
+        got = loaded[field]
         got = got.value if hasattr(got, "value") else got  # enums compare by value
         assert got == value, f"{field}: pod reads {got!r}, spec says {value!r}"
 
@@ -79,13 +79,13 @@ def test_command_flags_mean_the_same_as_the_env(case: str, make_pool: Callable[.
     from_flags = load_settings(cli=flags, env={})
     from_env = load_settings(env=env)
     for field in ("model_path", "host", "port", "dp_size", "tp_size"):
-        assert getattr(from_flags, field) == getattr(from_env, field)
+        assert from_flags.flat()[field] == from_env.flat()[field]
 
 
 def test_every_managed_variable_is_a_pod_setting() -> None:
     """No ENCODER_* variable the operator sets is silently ignored by the pod (extra='ignore')."""
     for var in names.MANAGED_ENV:
-        assert var.removeprefix("ENCODER_").lower() in EncoderSettings.model_fields, var
+        assert var.removeprefix("ENCODER_").lower() in all_settings(), var
 
 
 def test_rendered_names_are_exactly_the_managed_list() -> None:
@@ -100,7 +100,7 @@ def test_spec_env_overrides_cache_dirs_but_keeps_unique_names(make_pool: Callabl
     assert len(listed) == len(set(listed)), "server-side apply refuses duplicate env names"
     values = {e["name"]: e.get("value") for e in env}
     assert values["HF_HOME"] == "/data/hf" and values["ENCODER_DTYPE"] == "float16"
-    assert load_settings(env={k: v for k, v in values.items() if v is not None}).dtype == "float16"
+    assert load_settings(env={k: v for k, v in values.items() if v is not None}).model.dtype == "float16"
 
 
 def test_value_from_is_passed_through(make_pool: Callable[..., Pool]) -> None:

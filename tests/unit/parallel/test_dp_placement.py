@@ -8,37 +8,38 @@ import pytest
 
 from encoder_pod.parallel.placement import plan, visible_gpus
 from encoder_pod.parallel.supervisor import BACKOFF_CAP_S, describe_exit, restart_delay
-from encoder_pod.parallel.worker import EXIT_LOAD_FAILED
+from encoder_pod.exitcodes import ExitCode
 from encoder_pod.settings import SettingsError, load_settings
 
 pytestmark = pytest.mark.unit
 
 
-def _settings(**env: str):
-    return load_settings(env={f"ENCODER_{k.upper()}": v for k, v in env.items()})
+def _plan(environ: dict[str, str], cpus: int, **env: str):
+    settings = load_settings(env={f"ENCODER_{k.upper()}": v for k, v in env.items()})
+    return plan(settings.parallel, settings.model, environ, cpus)
 
 
 def test_cpu_workers_split_the_cpus_and_see_no_gpu():
-    placements = plan(_settings(dp_size="2", device="cpu"), {"CUDA_VISIBLE_DEVICES": "0,1"}, cpus=8)
+    placements = _plan({"CUDA_VISIBLE_DEVICES": "0,1"}, 8, dp_size="2", device="cpu")
     assert [p.device for p in placements] == ["cpu", "cpu"]
     assert [p.num_threads for p in placements] == [4, 4]
     assert all(p.env["CUDA_VISIBLE_DEVICES"] == "" and p.env["OMP_NUM_THREADS"] == "4" for p in placements)
 
 
 def test_explicit_threads_are_per_worker_and_never_zero():
-    assert [p.num_threads for p in plan(_settings(dp_size="2", num_threads="3", device="cpu"), {}, cpus=2)] == [3, 3]
-    assert [p.num_threads for p in plan(_settings(dp_size="4", device="cpu"), {}, cpus=2)] == [1, 1, 1, 1]
+    assert [p.num_threads for p in _plan({}, 2, dp_size="2", num_threads="3", device="cpu")] == [3, 3]
+    assert [p.num_threads for p in _plan({}, 2, dp_size="4", device="cpu")] == [1, 1, 1, 1]
 
 
 def test_gpu_workers_get_one_visible_device_each():
-    placements = plan(_settings(dp_size="2"), {"CUDA_VISIBLE_DEVICES": "3,5,7"}, cpus=16)
+    placements = _plan({"CUDA_VISIBLE_DEVICES": "3,5,7"}, 16, dp_size="2")
     assert [p.env["CUDA_VISIBLE_DEVICES"] for p in placements] == ["3", "5"]
     assert [p.device for p in placements] == ["cuda", "cuda"] and placements[0].num_threads == 8
 
 
 def test_too_few_gpus_is_a_setting_error_naming_the_flag():
     with pytest.raises(SettingsError, match="--dp-size.*4 workers need one GPU each, 2 visible"):
-        plan(_settings(dp_size="4", device="cuda"), {"CUDA_VISIBLE_DEVICES": "0,1"}, cpus=8)
+        _plan({"CUDA_VISIBLE_DEVICES": "0,1"}, 8, dp_size="4", device="cuda")
 
 
 def test_gpus_counted_from_device_files_without_cuda(tmp_path):
@@ -55,5 +56,6 @@ def test_backoff_doubles_and_is_capped():
 
 def test_exit_reasons():
     assert describe_exit(-signal.SIGKILL) == ("killed", "killed by SIGKILL")
-    assert describe_exit(EXIT_LOAD_FAILED)[0] == "load_failed"
+    assert describe_exit(ExitCode.MODEL_LOAD_FAILED)[0] == "load_failed"
+    assert describe_exit(ExitCode.TP_GROUP_DOWN)[0] == "tp_group_down"
     assert describe_exit(1) == ("crashed", "exited with code 1")

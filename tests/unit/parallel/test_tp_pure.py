@@ -11,7 +11,7 @@ from encoder_pod.parallel.tensor.plans import check_divisible, split_sizes
 from encoder_pod.parallel.tensor.sharding import fused_qkv_order
 from encoder_pod.parallel.tensor.wire import WIRE_VERSION, Header, Op, TensorMeta, WireError
 from encoder_pod.profiling import ProfileOptions
-from encoder_pod.settings import EncoderSettings, SettingsError
+from encoder_pod.settings import ModelSettings, ParallelSettings, SettingsError
 
 QWEN = {"model_type": "qwen2_vl_vision", "num_heads": 16, "embed_dim": 1280, "mlp_ratio": 4}
 QWEN25 = {"model_type": "qwen2_5_vl_vision", "num_heads": 16, "intermediate_size": 3420}
@@ -118,14 +118,13 @@ def test_a_header_naming_an_unsupported_dtype_is_refused():
 
 
 def test_placement_gives_each_group_tp_gpus_and_a_share_of_cpus():
-    settings = EncoderSettings(dp_size=2, tp_size=2, device="auto")
-    placements = plan(settings, {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, cpus=16)
+    placements = plan(ParallelSettings(dp_size=2, tp_size=2), ModelSettings(device="auto"), {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, cpus=16)
     assert [p.env["CUDA_VISIBLE_DEVICES"] for p in placements] == ["0,1", "2,3"]
     assert [p.num_threads for p in placements] == [4, 4]
-    cpu = plan(EncoderSettings(dp_size=1, tp_size=2, device="cpu"), {}, cpus=2)
+    cpu = plan(ParallelSettings(dp_size=1, tp_size=2), ModelSettings(device="cpu"), {}, cpus=2)
     assert cpu[0].num_threads == 1 and cpu[0].env["CUDA_VISIBLE_DEVICES"] == ""
 
 
 def test_placement_refuses_too_few_gpus_for_the_groups():
     with pytest.raises(SettingsError, match="2 groups of 2 tensor-parallel ranks need 4 GPUs, 3 visible"):
-        plan(EncoderSettings(dp_size=2, tp_size=2, device="cuda"), {"CUDA_VISIBLE_DEVICES": "0,1,2"}, cpus=8)
+        plan(ParallelSettings(dp_size=2, tp_size=2), ModelSettings(device="cuda"), {"CUDA_VISIBLE_DEVICES": "0,1,2"}, cpus=8)

@@ -12,7 +12,7 @@ from encoder_pod.modality import Modality
 from encoder_pod.models.base import EncodedPart
 from encoder_pod.protocol import EncodeRequest, ItemSpec
 from encoder_pod.receiver.wire import decode_message
-from encoder_pod.settings import EncoderSettings, SettingsError, load_settings
+from encoder_pod.settings import SettingsError, TransferSettings, load_settings
 from encoder_pod.transfer.frames import EncoderpoolCodec, codec_for, tensor_view
 from encoder_pod.transfer.sglang_frames import RELEASES, SglangCodec
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.unit
 
 
 def test_every_accepted_sglang_release_has_a_codec():
-    accepted = [v for v in typing.get_args(EncoderSettings.model_fields["wire_format"].annotation) if v.startswith("sglang=")]
+    accepted = [v for v in typing.get_args(TransferSettings.model_fields["wire_format"].annotation) if v.startswith("sglang=")]
     assert accepted and sorted(v.partition("=")[2] for v in accepted) == sorted(RELEASES)
     for value in accepted:
         assert codec_for(value).name == value

@@ -1,0 +1,89 @@
+"""The families this build serves, and the registry over them (no torch at import).
+
+To add a family: a :class:`~encoder_pod.models.family.ModelFamily` here with its layouts, and a
+loader of its :class:`~encoder_pod.models.family.FamilyCode` (the adapter classes per layout and
+the tiny-checkpoint writer), which imports the family's module only when called.
+"""
+
+from __future__ import annotations
+
+from encoder_pod.models.family import FamilyCode, FamilyRegistry, Layout, LayoutRule, ModelFamily
+
+
+def _qwen2_vl() -> FamilyCode:
+    from encoder_pod.models.qwen2_vl import QWEN2_VL_CODE
+
+    return QWEN2_VL_CODE
+
+
+def _qwen2_5_vl() -> FamilyCode:
+    from encoder_pod.models.qwen2_vl import QWEN2_5_VL_CODE
+
+    return QWEN2_5_VL_CODE
+
+
+def _clip() -> FamilyCode:
+    from encoder_pod.models.clip import CLIP_CODE
+
+    return CLIP_CODE
+
+
+def _siglip() -> FamilyCode:
+    from encoder_pod.models.clip import SIGLIP_CODE
+
+    return SIGLIP_CODE
+
+
+def _llava_next() -> FamilyCode:
+    from encoder_pod.models.llava_next import LLAVA_NEXT_CODE
+
+    return LLAVA_NEXT_CODE
+
+
+def _whisper() -> FamilyCode:
+    from encoder_pod.models.whisper import WHISPER_CODE
+
+    return WHISPER_CODE
+
+
+def _qwen2_audio() -> FamilyCode:
+    from encoder_pod.models.whisper import QWEN2_AUDIO_CODE
+
+    return QWEN2_AUDIO_CODE
+
+
+FAMILIES: tuple[ModelFamily, ...] = (
+    ModelFamily(
+        "qwen2_vl",
+        [LayoutRule(Layout.TOWER, "qwen2_vl_vision", ("Qwen2VisionTransformerPretrainedModel",))],
+        _qwen2_vl,
+    ),
+    ModelFamily(
+        "qwen2_5_vl",
+        [LayoutRule(Layout.TOWER, "qwen2_5_vl_vision", ("Qwen2_5_VisionTransformerPretrainedModel",))],
+        _qwen2_5_vl,
+    ),
+    ModelFamily(
+        "clip",
+        [LayoutRule(Layout.TOWER, "clip_vision_model", ("CLIPVisionModel", "CLIPVisionModelWithProjection"))],
+        _clip,
+    ),
+    ModelFamily("siglip", [LayoutRule(Layout.TOWER, "siglip_vision_model", ("SiglipVisionModel",))], _siglip),
+    ModelFamily(
+        "llava_next",
+        [LayoutRule(Layout.FULL, "llava_next", ("LlavaNextForConditionalGeneration",))],
+        _llava_next,
+    ),
+    ModelFamily("whisper", [LayoutRule(Layout.TOWER, "whisper", ("WhisperEncoder",))], _whisper),
+    ModelFamily(
+        "qwen2_audio",
+        [LayoutRule(Layout.TOWER, "qwen2_audio_encoder", ("Qwen2AudioEncoder",))],
+        _qwen2_audio,
+    ),
+)
+"""Every family of this build (an immutable table)."""
+
+
+def default_registry() -> FamilyRegistry:
+    """A registry over :data:`FAMILIES`."""
+    return FamilyRegistry(FAMILIES)
