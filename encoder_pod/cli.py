@@ -11,12 +11,11 @@ import sys
 from pathlib import Path
 
 from encoder_pod.exitcodes import ExitCode
+from encoder_pod.models.families import default_registry  # no torch: config.json facts only
 from encoder_pod.settings import ModelPathError, SettingsError, add_settings_arguments, load_settings, model_dir
 
 
 def _parser() -> argparse.ArgumentParser:
-    from encoder_pod.models.families import default_registry
-
     parser = argparse.ArgumentParser(prog="encoder-pod", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve /encode over HTTP")

@@ -214,14 +214,14 @@ class EncoderSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
 
-    model: ModelSettings = Field(default_factory=ModelSettings)
-    server: ServerSettings = Field(default_factory=ServerSettings)
-    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
-    batching: BatchingSettings = Field(default_factory=BatchingSettings)
-    media: MediaSettings = Field(default_factory=MediaSettings)
-    transfer: TransferSettings = Field(default_factory=TransferSettings)
-    parallel: ParallelSettings = Field(default_factory=ParallelSettings)
-    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
+    model: ModelSettings = ModelSettings()
+    server: ServerSettings = ServerSettings()
+    admission: AdmissionSettings = AdmissionSettings()
+    batching: BatchingSettings = BatchingSettings()
+    media: MediaSettings = MediaSettings()
+    transfer: TransferSettings = TransferSettings()
+    parallel: ParallelSettings = ParallelSettings()
+    observability: ObservabilitySettings = ObservabilitySettings()
 
     def masked(self) -> dict[str, Any]:
         """The effective config by group, for the start-up log and /server_info (no secrets today)."""

@@ -35,8 +35,11 @@ class Layout(str, Enum):
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
-    """The checkpoint's config.json as a dict."""
-    return json.loads((Path(model_dir) / "config.json").read_text())
+    """The checkpoint's config.json as a dict (ValueError when it is not a JSON object)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    if not isinstance(config, dict):
+        raise ValueError(f"{Path(model_dir) / 'config.json'} is not a JSON object")
+    return config
 
 
 @dataclass(frozen=True)
