@@ -34,15 +34,12 @@ from encoder_pod.models.base import EncodedPart, EncoderAdapter, MediaItem
 from encoder_pod.models.registry import AdapterLoader, load_adapter
 from encoder_pod.profiling import Profiler, TorchProfiler
 from encoder_pod.protocol import EncodeRequest, ItemSpec, parse_encode_request
+from encoder_pod.readiness import SuccessClock
 from encoder_pod.settings import EncoderSettings
 from encoder_pod.transfer.base import Transfer
 from encoder_pod.transfer.router import TransferRouter
 
 log = logging.getLogger(__name__)
-
-HEALTH_SKIP_S = 5.0
-"""Successful live traffic this recent already proves the encoder works: skip the probe encode."""
-
 
 class State(str, Enum):
     """Life of a runtime."""
@@ -78,7 +75,7 @@ class EncoderRuntime:
         self._profiler: Profiler = profiler or TorchProfiler()  # a tensor-parallel group passes one that reaches every rank
         self._inflight: set[str] = set()
         self._admitted = 0
-        self._last_success = 0.0
+        self._success = SuccessClock()
         self._health_task: asyncio.Task[None] | None = None
         self._load_task: asyncio.Task[None] | None = None
         self.started_at = time.time()
@@ -174,7 +171,7 @@ class EncoderRuntime:
         try:
             entry = await self._admit(request, adapter, deadline)
             part = await self._await_part(entry, deadline)
-            self._last_success = time.monotonic()
+            self._success.record()
             return await transfer.deliver(request, part)
         except EncoderError as err:
             await transfer.deliver_error(request, err)
@@ -257,7 +254,7 @@ class EncoderRuntime:
     async def health(self) -> None:
         """Raise :class:`NotReady` unless a real tiny encode (or recent live traffic) works."""
         adapter = self._check_serving()
-        if time.monotonic() - self._last_success < HEALTH_SKIP_S:
+        if self._success.proves_ready():
             return
         if self._health_task is None or self._health_task.done():
             self._health_task = asyncio.create_task(self._health_encode(adapter))
@@ -281,7 +278,7 @@ class EncoderRuntime:
             await entry.future
         finally:
             entry.future.cancel()
-        self._last_success = time.monotonic()
+        self._success.record()
 
     async def run_on_model_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn`` on the thread that runs forwards (the profiler records that thread)."""

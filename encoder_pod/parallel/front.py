@@ -54,6 +54,7 @@ from encoder_pod.parallel.handle import RankState, WorkerHandle
 from encoder_pod.parallel.supervisor import Supervisor
 from encoder_pod.parallel.tensor.plans import check_divisible
 from encoder_pod.protocol import EncodeRequest, parse_encode_request
+from encoder_pod.readiness import HEALTH_SKIP_S
 from encoder_pod.settings import EncoderSettings, TransferBackend, model_dir
 from encoder_pod.transfer.receive_urls import parse_registration
 
@@ -61,8 +62,6 @@ log = logging.getLogger(__name__)
 
 BACKSTOP_S = 2.0
 """Past the request deadline, how long the front waits for the worker's own typed 504."""
-HEALTH_SKIP_S = 5.0
-"""As in the runtime: a rank that answered an /encode this recently needs no probe encode."""
 FRESH_HEARTBEAT_S = 2.0
 """A heartbeat this recent shows the rank's event loop is alive (they come every 0.5 s)."""
 

@@ -10,7 +10,8 @@ code execution.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from enum import Enum, IntEnum
 from typing import Any, ClassVar, Sequence
 
@@ -22,6 +23,27 @@ from encoder_pod.protocol import EncodeRequest, ItemSpec
 
 WIRE_VERSION = 1
 """Bumped on any change of a struct; both ends are one install, so a mismatch is a bug."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs, as plain values (the spawn argument is its JSON)."""
+
+    rank: int
+    generation: int
+    inbox: str
+    results: str
+    settings_json: str
+    env: dict[str, str]
+
+    def to_json(self) -> str:
+        """The spawn argument."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "WorkerSpec":
+        """Inverse of :meth:`to_json`."""
+        return cls(**json.loads(text))
 
 
 class ProtocolError(InternalError):

@@ -21,11 +21,11 @@ from encoder_pod.errors import NotReady, WorkerDied
 from encoder_pod.exitcodes import ExitCode
 from encoder_pod.parallel.handle import SNDHWM, RankState, WorkerHandle
 from encoder_pod.parallel.ipc import IpcDir
-from encoder_pod.parallel.messages import Status, Stop, WorkerState, pack
+from encoder_pod.parallel.messages import Status, Stop, WorkerSpec, WorkerState, pack
 from encoder_pod.parallel.placement import Placement
 from encoder_pod.parallel.ranked_metrics import DataParallelMetrics
 from encoder_pod.parallel.router import Router
-from encoder_pod.parallel.worker import WorkerSpec, run_worker
+from encoder_pod.parallel.worker import run_worker
 from encoder_pod.settings import EncoderSettings
 
 log = logging.getLogger(__name__)

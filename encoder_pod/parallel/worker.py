@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import json
 import logging
 import multiprocessing
 import os
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import zmq
@@ -40,6 +38,7 @@ from encoder_pod.parallel.messages import (
     Result,
     Status,
     Stop,
+    WorkerSpec,
     WorkerState,
     pack,
     request_from_wire,
@@ -55,27 +54,6 @@ HEARTBEAT_S = 0.5
 
 SEND_LINGER_MS = 2000
 """On exit, how long queued answers may take to reach the front before they are dropped."""
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """Everything a worker needs, as plain values (the spawn argument is its JSON)."""
-
-    rank: int
-    generation: int
-    inbox: str
-    results: str
-    settings_json: str
-    env: dict[str, str]
-
-    def to_json(self) -> str:
-        """The spawn argument."""
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> "WorkerSpec":
-        """Inverse of :meth:`to_json`."""
-        return cls(**json.loads(text))
 
 
 def run_worker(spec_json: str) -> None:

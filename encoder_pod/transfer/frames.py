@@ -8,17 +8,14 @@ of the tensor's memory, handed to ZMQ without a copy.
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any, Protocol
-
-import torch
 
 from encoder_pod.errors import EncoderError
 from encoder_pod.models.base import EncodedPart
 from encoder_pod.protocol import EncodeRequest
 from encoder_pod.receiver.wire import DTYPE_SIZES, pack_error_header, pack_part_header
-from encoder_pod.transfer.inline import dtype_name, tensor_bytes
+from encoder_pod.transfer.tensors import dtype_name, tensor_view
 
 
 class FrameCodec(Protocol):
@@ -31,18 +28,6 @@ class FrameCodec(Protocol):
 
     def error_frames(self, request: EncodeRequest, error: EncoderError) -> list[Any]:
         """Frames of an error part (the receiver stops waiting for this request)."""
-
-
-def tensor_view(tensor: torch.Tensor) -> memoryview:
-    """The contiguous little-endian bytes of a CPU tensor, as a view of its memory (no copy).
-
-    The view keeps the tensor alive, so ZMQ may send from it after the caller dropped the tensor.
-    """
-    t = tensor.detach()
-    if t.device.type != "cpu" or not t.is_contiguous() or sys.byteorder != "little":
-        # Rare (the adapters hand out contiguous CPU tensors; hosts are little-endian): copy once.
-        return memoryview(tensor_bytes(t))
-    return memoryview(t.view(torch.uint8).numpy()).cast("B") if t.numel() else memoryview(b"")
 
 
 def _encoder_idx(request: EncodeRequest) -> int | str | None:

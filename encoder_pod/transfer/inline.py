@@ -7,32 +7,14 @@ base64 of its little-endian bytes, with dtype and shape, plus the per-item token
 from __future__ import annotations
 
 import base64
-import sys
 from typing import Any
 
 import numpy as np
-import torch
 
 from encoder_pod.models.base import EncodedPart
 from encoder_pod.protocol import EncodeRequest
 from encoder_pod.transfer.base import Transfer
-
-# bf16 has no numpy dtype: its bytes travel as-is and the name tells the reader.
-_RAW_VIEW = {torch.bfloat16: torch.int16}
-
-
-def tensor_bytes(tensor: torch.Tensor) -> bytes:
-    """Contiguous little-endian bytes of a CPU tensor."""
-    t = tensor.detach().to("cpu").contiguous()
-    arr = t.view(_RAW_VIEW[t.dtype]).numpy() if t.dtype in _RAW_VIEW else t.numpy()
-    if sys.byteorder != "little":
-        arr = arr.byteswap()
-    return arr.tobytes()
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.float32`` -> ``float32``."""
-    return str(dtype).removeprefix("torch.")
+from encoder_pod.transfer.tensors import dtype_name, tensor_bytes
 
 
 def decode_embedding(payload: dict[str, Any]) -> np.ndarray:

@@ -25,7 +25,7 @@ from encoder_pod.errors import EncoderError
 from encoder_pod.modality import Modality
 from encoder_pod.models.base import EncodedPart
 from encoder_pod.protocol import EncodeRequest
-from encoder_pod.transfer.frames import tensor_view
+from encoder_pod.transfer.tensors import tensor_view
 
 
 @dataclass(frozen=True)

@@ -12,15 +12,11 @@ from typing import Mapping
 import torch
 import torch.distributed as dist
 
-from encoder_pod.parallel.tensor.wire import Header, TensorMeta, WireError
+from encoder_pod.parallel.tensor.messages import Header, TensorMeta, WireError
+from encoder_pod.transfer.tensors import dtype_name
 
 SRC = 0
 """Rank that owns the batcher and sends."""
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.float32`` -> ``float32`` (the name a header carries)."""
-    return str(dtype).removeprefix("torch.")
 
 
 class Channel:

@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
     # Ctrl-C reaches the whole process group; rank 0 decides how the group stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watch_leader(pipe_fd)
-    from encoder_pod.parallel.tensor.member import FollowerSpec
+    from encoder_pod.parallel.tensor.messages import FollowerSpec
     from encoder_pod.settings import EncoderSettings
 
     spec = FollowerSpec.from_json(spec_json)
@@ -67,7 +67,7 @@ class Follower:
     def _profile(self, header: "Header") -> None:  # noqa: F821 - lazy import
         """PROFILE_START / PROFILE_STOP: no collective, so a local failure leaves the group in step."""
         from encoder_pod.parallel.tensor.group import rank_dir
-        from encoder_pod.parallel.tensor.wire import Op
+        from encoder_pod.parallel.tensor.messages import Op
         from encoder_pod.profiling import TorchProfiler
 
         if self.profiler is None:
@@ -90,7 +90,7 @@ class Follower:
 
         from encoder_pod.models.base import PreparedBatch
         from encoder_pod.parallel.tensor.member import is_collective_failure, join, leave, open_store
-        from encoder_pod.parallel.tensor.wire import Op, WireError
+        from encoder_pod.parallel.tensor.messages import Op, WireError
 
         if self.settings.model.num_threads:
             torch.set_num_threads(self.settings.model.num_threads)

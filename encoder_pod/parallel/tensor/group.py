@@ -38,8 +38,8 @@ from encoder_pod.exitcodes import ExitCode
 from encoder_pod.modality import Modality
 from encoder_pod.models.base import BaseAdapter, EncodedPart, MediaItem, PreparedBatch, warm_up
 from encoder_pod.parallel.tensor.channel import Channel, metas_of
-from encoder_pod.parallel.tensor.member import FollowerSpec, is_collective_failure, join, leave, open_store
-from encoder_pod.parallel.tensor.wire import Header, Op
+from encoder_pod.parallel.tensor.member import is_collective_failure, join, leave, open_store
+from encoder_pod.parallel.tensor.messages import FollowerSpec, Header, Op
 from encoder_pod.profiling import ProfileOptions, TorchProfiler
 from encoder_pod.settings import EncoderSettings, ModelSettings
 

@@ -7,10 +7,8 @@ collective: a rank that dies or hangs turns into an error on the others, never a
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -28,27 +26,6 @@ log = logging.getLogger(__name__)
 
 STORE_HOST = "127.0.0.1"
 """A group never leaves its pod: every rank is a process on this machine."""
-
-
-@dataclass(frozen=True)
-class FollowerSpec:
-    """Everything a follower needs, as plain values (its command-line argument is the JSON)."""
-
-    label: str
-    """The group's name in logs, e.g. ``dp1``."""
-    rank: int
-    tp_size: int
-    store_port: int
-    settings_json: str
-
-    def to_json(self) -> str:
-        """The follower's argument."""
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> "FollowerSpec":
-        """Inverse of :meth:`to_json`."""
-        return cls(**json.loads(text))
 
 
 def backend_for(device: torch.device) -> str:

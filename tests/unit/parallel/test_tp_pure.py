@@ -9,7 +9,7 @@ import torch
 from encoder_pod.parallel.placement import plan
 from encoder_pod.parallel.tensor.plans import check_divisible, split_sizes
 from encoder_pod.parallel.tensor.sharding import fused_qkv_order
-from encoder_pod.parallel.tensor.wire import WIRE_VERSION, Header, Op, TensorMeta, WireError
+from encoder_pod.parallel.tensor.messages import WIRE_VERSION, Header, Op, TensorMeta, WireError
 from encoder_pod.profiling import ProfileOptions
 from encoder_pod.settings import ModelSettings, ParallelSettings, SettingsError
 

@@ -13,7 +13,8 @@ from encoder_pod.models.base import EncodedPart
 from encoder_pod.protocol import EncodeRequest, ItemSpec
 from encoder_pod.receiver.wire import decode_message
 from encoder_pod.settings import SettingsError, TransferSettings, load_settings
-from encoder_pod.transfer.frames import EncoderpoolCodec, codec_for, tensor_view
+from encoder_pod.transfer.frames import EncoderpoolCodec, codec_for
+from encoder_pod.transfer.tensors import tensor_view
 from encoder_pod.transfer.sglang_frames import RELEASES, SglangCodec
 
 pytestmark = pytest.mark.unit

@@ -1,6 +1,7 @@
-"""The header rank 0 broadcasts to its group before every collective step (pure, no torch).
+"""The messages of a tensor-parallel group (pure, no torch): how a follower is started, and the
+header rank 0 broadcasts before every collective step.
 
-A header is a msgpack map of :class:`Header`: what the followers must do next (forward, keep the
+:class:`FollowerSpec` is a follower's command-line argument (JSON of plain values). A header is a msgpack map of :class:`Header`: what the followers must do next (forward, keep the
 channel alive, start or stop the profiler, stop) and, for a forward, the name, dtype and shape of
 every input tensor that follows plus the batch's slicing plan; for a profile start, its options. Followers build exactly the tensors the header names, so
 every rank runs the same sequence of collectives; nothing is pickled.
@@ -8,7 +9,8 @@ every rank runs the same sequence of collectives; nothing is pickled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 from enum import IntEnum
 from typing import Any
 
@@ -24,6 +26,27 @@ DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "uint8", "bool")
 """Tensor dtypes a header may name (the inputs the supported towers take)."""
 
 MAX_DIMS = 8
+
+
+@dataclass(frozen=True)
+class FollowerSpec:
+    """Everything a follower needs, as plain values (its command-line argument is the JSON)."""
+
+    label: str
+    """The group's name in logs, e.g. ``dp1``."""
+    rank: int
+    tp_size: int
+    store_port: int
+    settings_json: str
+
+    def to_json(self) -> str:
+        """The follower's argument."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "FollowerSpec":
+        """Inverse of :meth:`to_json`."""
+        return cls(**json.loads(text))
 
 
 class WireError(ValueError):
