@@ -33,9 +33,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Parse settings, then hand over to kopf (imported only now: --help needs no cluster libs)."""
     args = vars(build_parser().parse_args(argv))
     settings = load_settings(cli=args)
-    from encoderpool_operator import handlers
+    from encoderpool_operator import process
 
-    handlers.run(settings)
+    process.run(settings)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ import kubernetes.config
 import urllib3
 
 from encoderpool_operator import errors, names
-from encoderpool_operator.status import Event, rfc3339
+from encoderpool_operator.conditions import Event, rfc3339
+from encoderpool_operator.metrics import OperatorMetrics
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +30,14 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "StatefulSet": ("/apis/apps/v1", "statefulsets"),
     "Service": ("/api/v1", "services"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
     "Pod": ("/api/v1", "pods"),
     "Event": ("/api/v1", "events"),
+    "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
     names.KIND: (f"/apis/{names.API_VERSION}", names.PLURAL),
 }
+# Concurrent reconciles share one connection pool; urllib3's default of 4 would drop connections.
+CONNECTION_POOL_SIZE = 32
 
 APPLY = "application/apply-patch+yaml"  # JSON is YAML: the body is sent as JSON
 MERGE = "application/merge-patch+json"
@@ -83,21 +88,38 @@ def load_configuration() -> kubernetes.client.Configuration:
         kubernetes.config.load_incluster_config(client_configuration=config)
     else:
         kubernetes.config.load_kube_config(client_configuration=config, persist_config=False)
+    config.connection_pool_maxsize = CONNECTION_POOL_SIZE
     return config
+
+
+def resource_of(path: str) -> tuple[str, bool]:
+    """(resource, is a collection) of a REST path: ('statefulsets', False), ('encoderpools/status', False)."""
+    parts = [p for p in path.split("/") if p]
+    if "namespaces" in parts and len(parts) > parts.index("namespaces") + 2:
+        parts = parts[parts.index("namespaces") + 2:]
+    else:
+        parts = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if not parts:
+        return "unknown", True
+    return parts[0] + (f"/{parts[2]}" if len(parts) > 2 else ""), len(parts) == 1
 
 
 class KubeClient:
     """Plain-dict CRUD, server-side apply and events against one API server."""
 
-    def __init__(self, api: kubernetes.client.ApiClient, *, field_manager: str, timeout: float) -> None:
+    def __init__(self, api: kubernetes.client.ApiClient, *, field_manager: str, timeout: float,
+                 metrics: OperatorMetrics | None = None) -> None:
         self._api = api
         self._field_manager = field_manager
         self._timeout = timeout
+        self._metrics = metrics
 
     @classmethod
-    def from_environment(cls, *, field_manager: str, timeout: float) -> "KubeClient":
+    def from_environment(cls, *, field_manager: str, timeout: float,
+                         metrics: OperatorMetrics | None = None) -> "KubeClient":
         """A client configured like kubectl (or from the pod's ServiceAccount)."""
-        return cls(kubernetes.client.ApiClient(load_configuration()), field_manager=field_manager, timeout=timeout)
+        return cls(kubernetes.client.ApiClient(load_configuration()), field_manager=field_manager, timeout=timeout,
+                   metrics=metrics)
 
     @property
     def verifies_tls(self) -> bool:
@@ -119,7 +141,10 @@ class KubeClient:
     ) -> Any:
         """One HTTP request; the decoded JSON answer, or an :class:`errors.ApiError`."""
         headers = {"Accept": "application/json", "Content-Type": content_type}
-        verb = f"{method} {path}"
+        if self._metrics is not None:
+            resource, collection = resource_of(path)
+            verb = "LIST" if method == "GET" and collection else method
+            self._metrics.api_request(verb, resource, dry_run=(query or {}).get("dryRun") == "All")
         try:
             serialized = self._api.param_serialize(
                 method=method,
@@ -157,16 +182,27 @@ class KubeClient:
         found = self.request("GET", resource_path("Pod", namespace), query={"labelSelector": selector})
         return list(found.get("items") or [])
 
-    def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, manifest: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
         """Server-side apply under the operator's field manager, forcing ownership of its fields.
 
         force: a person who hand-edits a field the operator owns loses it to the spec (drift is
-        undone); fields the operator does not set stay theirs.
+        undone); fields the operator does not set stay theirs. ``dry_run``: validated and admitted
+        by the API server, nothing stored.
         """
         meta = manifest["metadata"]
         path = resource_path(manifest["kind"], meta.get("namespace"), meta["name"])
         query = {"fieldManager": self._field_manager, "force": "true"}
+        if dry_run:
+            query["dryRun"] = "All"
         return dict(self.request("PATCH", path, query=query, body=manifest, content_type=APPLY))
+
+    def create(self, kind: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST a new object."""
+        return dict(self.request("POST", resource_path(kind, namespace), body=body))
+
+    def replace(self, kind: str, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT an object (optimistic concurrency through its resourceVersion)."""
+        return dict(self.request("PUT", resource_path(kind, namespace, name), body=body))
 
     def delete(self, kind: str, namespace: str, name: str, uid: str) -> None:
         """Delete one object, only if it is still the one we saw (uid precondition)."""

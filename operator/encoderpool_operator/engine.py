@@ -2,22 +2,28 @@
 
 kopf calls in here from its handlers; nothing here imports kopf, so the same engine can be
 driven by a test or by another framework. All state lives on the :class:`Engine` instance.
+
+Children and pods come from a watch cache through ``snapshot`` (kopf's indexes in production),
+read in the event loop right before each reconcile; without one, reconcile reads the API server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Protocol
 
 from encoderpool_operator.errors import OperatorError
-from encoderpool_operator.reconcile import Client, Outcome, reconcile
+from encoderpool_operator.metrics import OperatorMetrics
+from encoderpool_operator.reconcile import Client, Outcome, Snapshot, reconcile
 from encoderpool_operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, name)
+SnapshotSource = Callable[[str, str], Snapshot]
 
 
 class EngineClient(Client, Protocol):
@@ -44,54 +50,95 @@ class _Slot:
 class Engine:
     """Serialises and schedules reconciles of pools."""
 
-    def __init__(self, client: EngineClient, settings: OperatorSettings, clock: Callable[[], datetime] = utcnow) -> None:
+    def __init__(self, client: EngineClient, settings: OperatorSettings, clock: Callable[[], datetime] = utcnow,
+                 snapshot: SnapshotSource | None = None, metrics: OperatorMetrics | None = None) -> None:
         self.client = client
         self.settings = settings
+        self.metrics = metrics or OperatorMetrics()
         self._clock = clock
+        self._snapshot = snapshot
         self._slots: dict[Key, _Slot] = {}
         self._resync: asyncio.Task[None] | None = None
+        self._cache_ready = asyncio.Event()
         self.last_resync: datetime | None = None
+
+    def cache_ready(self) -> None:
+        """The watch cache has been filled once: the resync may run (kopf calls handlers only after that)."""
+        self._cache_ready.set()
+
+    def _enter(self, key: Key) -> _Slot:
+        slot = self._slots.setdefault(key, _Slot())
+        slot.users += 1
+        return slot
+
+    def _leave(self, key: Key, slot: _Slot) -> None:
+        slot.users -= 1
+        if slot.users == 0:
+            # Nobody waits: drop the slot so the table does not grow with every pool ever seen.
+            self._slots.pop(key, None)
 
     async def reconcile(self, namespace: str, name: str) -> Outcome:
         """Reconcile one pool now (after any reconcile of it already running); errors propagate."""
         key = (namespace, name)
-        slot = self._slots.setdefault(key, _Slot())
-        slot.users += 1
+        slot = self._enter(key)
         try:
             async with slot.lock:
                 # Whoever queued a nudge is served by this run: it reads the pool afresh.
                 slot.queued = False
-                outcome = await asyncio.to_thread(reconcile, self.client, namespace, name, self.settings, self._clock())
+                outcome = await self._run(namespace, name)
         finally:
-            slot.users -= 1
-            if slot.users == 0:
-                # Nobody waits: drop the slot so the table does not grow with every pool ever seen.
-                self._slots.pop(key, None)
+            self._leave(key, slot)
         for event in outcome.events:
             log.info("pool %s/%s: %s: %s", namespace, name, event.reason, event.message)
+        return outcome
+
+    async def _run(self, namespace: str, name: str) -> Outcome:
+        snapshot = self._snapshot(namespace, name) if self._snapshot is not None else None
+        began = time.monotonic()
+        try:
+            outcome = await asyncio.to_thread(reconcile, self.client, namespace, name, self.settings,
+                                              self._clock(), snapshot)
+        except OperatorError as exc:
+            self.metrics.reconciles.labels("error").inc()
+            self.metrics.errors.labels(type(exc).__name__).inc()
+            raise
+        finally:
+            self.metrics.duration.observe(time.monotonic() - began)
+        result = "failed" if outcome.failed else "waiting" if outcome.waiting else "ok"
+        self.metrics.reconciles.labels(result).inc()
+        self.metrics.writes.inc(outcome.writes)
+        self.metrics.pool_reason(namespace, name, outcome.status.get("reason") if outcome.found else None)
         return outcome
 
     async def nudge(self, namespace: str, name: str) -> None:
         """Reconcile soon, for watch events and resync: coalesced, and errors are only logged.
 
-        A burst of pod events becomes at most one running and one queued reconcile per pool.
+        A burst of events becomes at most one running and one queued reconcile per pool; the
+        queued one waits ``coalesce_seconds`` first, so the rest of a burst joins it.
         """
-        slot = self._slots.get((namespace, name))
-        if slot is not None and slot.queued:
+        key = (namespace, name)
+        existing = self._slots.get(key)
+        if existing is not None and existing.queued:
+            self.metrics.nudges.labels("coalesced").inc()
             return
-        if slot is not None:
-            slot.queued = True
+        self.metrics.nudges.labels("ran").inc()
+        slot = self._enter(key)
+        slot.queued = True
         try:
+            if self.settings.coalesce_seconds > 0:
+                await asyncio.sleep(self.settings.coalesce_seconds)
             await self.reconcile(namespace, name)
         except OperatorError as exc:
             log.warning("reconcile of %s/%s failed: %s", namespace, name, exc)
         except Exception:  # noqa: BLE001 - one broken pool must not stop the others' resync
             log.exception("reconcile of %s/%s crashed", namespace, name)
+        finally:
+            self._leave(key, slot)
 
     async def resync_once(self) -> int:
         """Reconcile every pool in the watched namespaces; returns how many were visited."""
         scopes: list[str | None] = list(self.settings.namespaces) or [None]
-        visited = 0
+        keys: list[Key] = []
         for scope in scopes:
             try:
                 bodies = await asyncio.to_thread(self.client.list_pools, scope)
@@ -100,14 +147,16 @@ class Engine:
                 continue
             for body in bodies:
                 meta = body.get("metadata") or {}
-                await self.nudge(str(meta.get("namespace")), str(meta.get("name")))
-                visited += 1
-        return visited
+                keys.append((str(meta.get("namespace")), str(meta.get("name"))))
+        # Concurrently, like events: a slow pool does not hold up the others.
+        await asyncio.gather(*(self.nudge(ns, name) for ns, name in keys))
+        return len(keys)
 
     async def resync_forever(self) -> None:
         """Every resync period, reconcile every pool: status converges even after a lost event."""
         while True:
             await asyncio.sleep(self.settings.resync_seconds)
+            await self._cache_ready.wait()
             visited = await self.resync_once()
             self.last_resync = self._clock()
             log.debug("resync visited %d pools", visited)

@@ -1,7 +1,12 @@
-"""kopf wiring: thin handlers that hand every cause to the engine, and the kopf settings.
+"""kopf wiring: thin handlers that hand every cause to the engine, the watch cache, kopf's settings.
 
 Handlers are registered on a registry built at run time (never kopf's global default registry
 at import), so importing this module has no side effects and tests can build their own.
+
+The watch cache is kopf's indexes: one per child kind and one of pods, keyed by (namespace,
+pool), filled from the same watches that nudge the engine. kopf starts calling handlers only
+once every index has been listed, so a reconcile never sees a half-filled cache; reconciles
+then read children and pods from memory instead of issuing a GET or LIST per event.
 
 Why no finalizer: children are deleted by garbage collection through their ownerReferences.
 kopf's own timers would add a finalizer to every pool (so that deleting a pool would hang while
@@ -15,24 +20,25 @@ import logging
 from typing import Any
 
 import kopf
-import urllib3
 
-from encoderpool_operator import errors, names
-from encoderpool_operator.client import KubeClient
+from encoderpool_operator import errors, names, podstate
 from encoderpool_operator.engine import Engine
-from encoderpool_operator.reconcile import Outcome
+from encoderpool_operator.reconcile import Outcome, Snapshot
 from encoderpool_operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
 
-# The children and pods the operator watches: (group, version, plural). Events on them nudge the
-# owning pool, so a deleted or hand-edited child is restored at once, and status follows pods.
-WATCHED_CHILDREN = (
-    ("apps", "v1", "statefulsets"),
-    ("", "v1", "services"),
-    ("policy", "v1", "poddisruptionbudgets"),
-    ("", "v1", "pods"),
-)
+# The children and pods the operator watches: kind -> (group, version, plural). Events on them
+# nudge the owning pool, so a deleted or hand-edited child is restored at once, and status
+# follows pods; their indexes are the watch cache reconciles read.
+WATCHED: dict[str, tuple[str, str, str]] = {
+    "StatefulSet": ("apps", "v1", "statefulsets"),
+    "Service": ("", "v1", "services"),
+    "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
+    "HorizontalPodAutoscaler": ("autoscaling", "v2", "horizontalpodautoscalers"),
+    "Pod": ("", "v1", "pods"),
+}
+WATCHED_CHILDREN = tuple(WATCHED.values())
 FORBIDDEN_RETRY_SECONDS = 60.0
 # The StatefulSet controller usually observes a write within a second: look once more before
 # handing the wait to kopf, whose retry is logged as an error.
@@ -69,17 +75,74 @@ def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
     # kopf posts "Handler succeeded" Events at INFO; the pool's own Events carry the meaning.
     ks.posting.level = logging.WARNING
     ks.networking.request_timeout = settings.request_timeout_seconds
+    # Only the EncoderPool CRD is ours; other CRDs coming and going need not be watched (this
+    # also spares a namespaced install a cluster-wide permission on CustomResourceDefinitions).
+    ks.scanning.disabled = True
     return ks
 
 
-def build_registry(engine: Engine) -> kopf.OperatorRegistry:
-    """All handlers, bound to one engine."""
+def index_name(kind: str) -> str:
+    """The kopf index (and handler kwarg) name of a watched kind."""
+    return f"encoderpool_{kind.lower()}s"
+
+
+def _cached_child(body: kopf.Body) -> dict[str, Any]:
+    """A child as the cache keeps it: everything but managedFields (large, and never read)."""
+    meta = {k: v for k, v in dict(body.get("metadata") or {}).items() if k != "managedFields"}
+    return {**dict(body), "metadata": meta}
+
+
+class WatchCache:
+    """Reads a pool's snapshot out of kopf's indexes (captured when the operator starts)."""
+
+    def __init__(self) -> None:
+        self.indices: dict[str, Any] = {}
+
+    def snapshot(self, namespace: str, name: str) -> Snapshot:
+        """The pool's children and pods as last seen by the watches."""
+        def values(kind: str) -> list[dict[str, Any]]:
+            store = self.indices[index_name(kind)].get((namespace, name))
+            return list(store) if store is not None else []
+
+        children = {kind: next(iter(values(kind)), None) for kind in WATCHED if kind != "Pod"}
+        return Snapshot(children, values("Pod"))
+
+
+def register_watches(registry: kopf.OperatorRegistry, engine: Engine) -> None:
+    """Index every watched kind by pool; nudge the pool on every event."""
+    selector = {names.MANAGED_BY_LABEL: names.OPERATOR_NAME}
+
+    for kind, (group, version, plural) in WATCHED.items():
+        def index(body: kopf.Body, namespace: str, name: str, labels: kopf.Labels, kind: str = kind,
+                  **_: Any) -> dict[tuple[str, str], dict[str, Any]] | None:
+            pool = labels.get(names.POOL_LABEL)
+            if not pool or (kind != "Pod" and name != names.child_name(pool)):
+                return None
+            return {(namespace, pool): podstate.compact(dict(body)) if kind == "Pod" else _cached_child(body)}
+
+        kopf.index(group, version, plural, labels=selector, id=index_name(kind), registry=registry)(index)
+
+        async def changed(labels: kopf.Labels, namespace: str, plural: str = plural, **_: Any) -> None:
+            engine.cache_ready()
+            engine.metrics.events.labels(plural).inc()
+            pool = labels.get(names.POOL_LABEL)
+            if pool:
+                await engine.nudge(namespace, pool)
+
+        kopf.on.event(group, version, plural, labels=selector, id=f"child-{plural}", registry=registry)(changed)
+
+
+def build_registry(engine: Engine, cache: WatchCache) -> kopf.OperatorRegistry:
+    """All handlers, bound to one engine; ``cache`` receives kopf's indexes at startup (the
+    engine reads its snapshots from it)."""
     registry = kopf.OperatorRegistry()
     settings = engine.settings
     # Same credentials as client.KubeClient: in-cluster ServiceAccount, else the kubeconfig.
     kopf.on.login(registry=registry)(kopf.login_via_client)
+    register_watches(registry, engine)
 
     async def reconcile_pool(namespace: str, name: str, **_: Any) -> None:
+        engine.cache_ready()
         try:
             outcome = await engine.reconcile(namespace, name)
             if outcome.waiting:
@@ -93,59 +156,14 @@ def build_registry(engine: Engine) -> kopf.OperatorRegistry:
     for cause in (kopf.on.create, kopf.on.update, kopf.on.resume):
         cause(names.GROUP, names.VERSION, names.PLURAL, id="reconcile", registry=registry)(reconcile_pool)
 
-    async def child_changed(body: kopf.Body, namespace: str, **_: Any) -> None:
-        pool = (body.get("metadata", {}).get("labels") or {}).get(names.POOL_LABEL)
-        if pool:
-            await engine.nudge(namespace, pool)
-
-    for group, version, plural in WATCHED_CHILDREN:
-        kopf.on.event(
-            group, version, plural,
-            labels={names.MANAGED_BY_LABEL: names.OPERATOR_NAME},
-            id=f"child-{plural}",
-            registry=registry,
-        )(child_changed)
-
     @kopf.on.startup(registry=registry)
-    async def start_resync(**_: Any) -> None:
+    async def start_resync(**kwargs: Any) -> None:
+        # kopf hands every handler its indexes (still empty at startup, filled by the watches).
+        cache.indices.update({index_name(kind): kwargs[index_name(kind)] for kind in WATCHED})
         engine.start()
 
     @kopf.on.cleanup(registry=registry)
     async def stop_resync(**_: Any) -> None:
         await engine.stop()
 
-    @kopf.on.probe(id="lastResync", registry=registry)
-    def last_resync(**_: Any) -> str | None:
-        return engine.last_resync.isoformat() if engine.last_resync else None
-
     return registry
-
-
-def run(settings: OperatorSettings) -> None:
-    """Run the operator until interrupted (blocking)."""
-    kopf.configure(verbose=settings.log_level == "debug", log_format=kopf.LogFormat.FULL)
-    logging.getLogger().setLevel(settings.log_level.upper())
-    if settings.log_level != "debug":
-        # kopf logs every child watch event's handler at INFO; our own log says what changed.
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    client = KubeClient.from_environment(field_manager=settings.field_manager, timeout=settings.request_timeout_seconds)
-    if not client.verifies_tls:
-        # Said once here instead of by urllib3 on every request.
-        log.warning("the kubeconfig disables TLS verification of the API server")
-        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-    engine = Engine(client, settings)
-    liveness = f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None
-    log.info("encoderpool-operator starting: %s", settings.model_dump(mode="json"))
-    try:
-        kopf.run(
-            registry=build_registry(engine),
-            settings=kopf_settings(settings),
-            # One replica with the Recreate strategy: kopf has no leader election, and peering
-            # would need its own CRDs for no gain at one replica.
-            standalone=True,
-            clusterwide=settings.clusterwide,
-            namespaces=settings.namespaces,
-            liveness_endpoint=liveness,
-        )
-    finally:
-        client.close()

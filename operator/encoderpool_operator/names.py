@@ -48,9 +48,23 @@ MANAGED_ENV = (
     "ENCODER_IMAGE_PROCESSOR_USE_GPU",
     "ENCODER_ENCODER_TRANSFER_BACKEND",
     "ENCODER_SEND_TIMEOUT",
+    "ENCODER_DRAIN_TIMEOUT",
+    "ENCODER_REGISTER_URLS",
+    "ENCODER_ADVERTISE_URL",
 )
+# Rendered only when spec.sglang.registerURLs is set (the pod derives its own URL otherwise).
+REGISTRATION_ENV = ("ENCODER_REGISTER_URLS", "ENCODER_ADVERTISE_URL")
+# The pod's own IP from the downward API, for ENCODER_ADVERTISE_URL=http://$(POD_IP):<port>.
+POD_IP_ENV = "POD_IP"
+
+# Hub models: an init container fetches the model into a cache volume shared with the encoder.
+FETCH_CONTAINER_NAME = "fetch-model"
+MODEL_CACHE_VOLUME = "model-cache"
+MODEL_CACHE_DIR = "/model-cache"
 
 SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
+# On every child: a hash of the manifest last applied, so an unchanged child is not written again.
+MANIFEST_HASH_ANNOTATION = f"{GROUP}/manifest-hash"
 DEFAULT_CONTAINER_ANNOTATION = "kubectl.kubernetes.io/default-container"
 
 # The StatefulSet controller labels each pod "<sts>-<10-char hash>" (controller-revision-hash);
@@ -59,7 +73,7 @@ MAX_POOL_NAME = 52
 
 
 def child_name(pool_name: str) -> str:
-    """Name of the StatefulSet, the headless Service and the PodDisruptionBudget of a pool."""
+    """Name of the StatefulSet, headless Service, PodDisruptionBudget and HPA of a pool."""
     return pool_name
 
 

@@ -21,6 +21,14 @@ CACHE_ENV = {
     "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_DIR}/torchinductor",
     "TRITON_CACHE_DIR": f"{CACHE_DIR}/triton",
 }
+# A hub model: the HF cache and the compile caches go on the model-cache volume (a PVC shared by
+# the pool when given), so a restarted or added pod starts from what the others already fetched
+# and compiled. The encoder reads the cache offline: only the init container downloads.
+HUB_CACHE_ENV = {
+    "HF_HOME": f"{names.MODEL_CACHE_DIR}/huggingface",
+    "TORCHINDUCTOR_CACHE_DIR": f"{names.MODEL_CACHE_DIR}/torchinductor",
+    "TRITON_CACHE_DIR": f"{names.MODEL_CACHE_DIR}/triton",
+}
 
 
 def _num(value: float | int) -> str:
@@ -50,19 +58,40 @@ def encoder_settings(spec: PoolSpec) -> dict[str, str]:
         "ENCODER_IMAGE_PROCESSOR_USE_GPU": "true" if b.image_processor_use_gpu else "false",
         "ENCODER_ENCODER_TRANSFER_BACKEND": spec.transfer.backend,
         "ENCODER_SEND_TIMEOUT": _num(spec.transfer.send_timeout_seconds),
+        "ENCODER_DRAIN_TIMEOUT": _num(spec.drain_timeout_seconds),
+        **registration_env(spec),
     }
 
 
-def container_env(spec: PoolSpec) -> list[dict[str, Any]]:
-    """The container's env list: encoder settings, cache dirs, then spec.env.
+def registration_env(spec: PoolSpec) -> dict[str, str]:
+    """ENCODER_REGISTER_URLS and ENCODER_ADVERTISE_URL when the pool registers with SGLang, else nothing.
 
-    spec.env may override a cache directory (it wins by name) but never an encoder setting
-    (refused by the CRD and spec.py). Names are unique: server-side apply keys env by name and
-    refuses duplicates.
+    The advertised URL is the pod's own IP (downward API, expanded by the kubelet from $(POD_IP),
+    which container_env defines first), so a prefill server reaches exactly this pod.
     """
-    user = {e.name for e in spec.env}
-    rendered = {**encoder_settings(spec), **CACHE_ENV}
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in rendered.items() if k not in user]
+    if not spec.sglang.register_urls:
+        return {}
+    return {
+        "ENCODER_REGISTER_URLS": ",".join(spec.sglang.register_urls),
+        "ENCODER_ADVERTISE_URL": f"http://$({names.POD_IP_ENV}):{spec.port}",
+    }
+
+
+def cache_env(spec: PoolSpec) -> dict[str, str]:
+    """Where the pod keeps caches: /cache, with the HF and compile caches on the model cache for hub models."""
+    if spec.hub_model is None:
+        return dict(CACHE_ENV)
+    return {**CACHE_ENV, **HUB_CACHE_ENV, "HF_HUB_OFFLINE": "1"}
+
+
+def pod_ip_env() -> dict[str, Any]:
+    """POD_IP from the downward API (what ENCODER_ADVERTISE_URL expands)."""
+    return {"name": names.POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+
+
+def user_env(spec: PoolSpec) -> list[dict[str, Any]]:
+    """spec.env as core/v1 EnvVars."""
+    env: list[dict[str, Any]] = []
     for var in spec.env:
         entry: dict[str, Any] = {"name": var.name}
         if var.value_from is not None:
@@ -71,6 +100,36 @@ def container_env(spec: PoolSpec) -> list[dict[str, Any]]:
             entry["value"] = var.value or ""
         env.append(entry)
     return env
+
+
+def container_env(spec: PoolSpec) -> list[dict[str, Any]]:
+    """The container's env list: POD_IP, encoder settings, cache dirs, then spec.env.
+
+    spec.env may override a cache directory (it wins by name) but never an encoder setting
+    (refused by the CRD and spec.py). Names are unique: server-side apply keys env by name and
+    refuses duplicates.
+    """
+    user = {e.name for e in spec.env}
+    rendered = {**encoder_settings(spec), **cache_env(spec)}
+    env: list[dict[str, Any]] = [pod_ip_env()] if names.POD_IP_ENV not in user else []
+    env += [{"name": k, "value": v} for k, v in rendered.items() if k not in user]
+    return env + user_env(spec)
+
+
+def fetch_env(spec: PoolSpec) -> list[dict[str, Any]]:
+    """The fetch-model init container's env: the HF cache on the model cache, the token from its Secret."""
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in {**CACHE_ENV, **HUB_CACHE_ENV}.items()]
+    ref = spec.model_source.token_secret_ref if spec.model_source else None
+    if ref is not None:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    return env
+
+
+def fetch_command(spec: PoolSpec) -> list[str]:
+    """``encoder-pod fetch-model hf://org/name[@revision]`` (exits at once when the cache holds it)."""
+    hub = spec.hub_model
+    assert hub is not None, "only hub models are fetched"
+    return ["encoder-pod", "fetch-model", hub.url]
 
 
 def container_command(spec: PoolSpec) -> list[str]:

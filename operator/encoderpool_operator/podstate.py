@@ -16,7 +16,7 @@ Rules, most specific first; the first that matches names the pod's problem:
 5. ``CrashLoop``: the container waits in CrashLoopBackOff for any other reason.
 6. ``ProbeFailing``: the container passed its startup probe (the model loaded and encoded once),
    but has not been ready for ``probe_failing_after`` seconds since it started or last turned
-   unready: the real encode behind GET /health_generate keeps failing.
+   unready: the real encode behind GET /health keeps failing.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ class PodView:
     ready: bool
     problem: str | None = None
     detail: str = ""
+    port: int | None = None  # the encoder's containerPort: mid-rollout, old and new pods may differ
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -129,7 +130,7 @@ def _probe_problem(pod: dict[str, Any], status: dict[str, Any], now: datetime, a
     if unready < after:
         return None
     # The threshold, not the elapsed time: a message that changes every resync would rewrite status.
-    return f"not ready for over {int(after)}s after the model loaded: GET /health_generate (a real encode) keeps failing"
+    return f"not ready for over {int(after)}s after the model loaded: GET /health (a recent real encode) keeps failing"
 
 
 def diagnose(pod: dict[str, Any], now: datetime, probe_failing_after: float) -> tuple[str, str] | None:
@@ -157,6 +158,17 @@ def diagnose(pod: dict[str, Any], now: datetime, probe_failing_after: float) -> 
     return None
 
 
+def encoder_port(pod: dict[str, Any]) -> int | None:
+    """The encoder container's port named http, as this pod declares it."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if container.get("name") != names.CONTAINER_NAME:
+            continue
+        for port in container.get("ports") or []:
+            if port.get("name") == names.PORT_NAME and port.get("containerPort"):
+                return int(port["containerPort"])
+    return None
+
+
 def view(pod: dict[str, Any], now: datetime, probe_failing_after: float) -> PodView:
     """Summarise one pod."""
     meta = pod.get("metadata") or {}
@@ -169,4 +181,18 @@ def view(pod: dict[str, Any], now: datetime, probe_failing_after: float) -> PodV
         ready=is_ready(pod),
         problem=found[0] if found else None,
         detail=found[1] if found else "",
+        port=encoder_port(pod),
     )
+
+
+def compact(pod: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a pod that status needs, for a watch cache that holds many pods."""
+    meta = pod.get("metadata") or {}
+    containers = [{"name": c.get("name"), "ports": c.get("ports") or []}
+                  for c in (pod.get("spec") or {}).get("containers") or []]
+    keep = ("name", "namespace", "uid", "labels", "deletionTimestamp", "resourceVersion")
+    return {
+        "metadata": {k: meta[k] for k in keep if k in meta},
+        "spec": {"containers": containers, "nodeName": (pod.get("spec") or {}).get("nodeName")},
+        "status": pod.get("status") or {},
+    }

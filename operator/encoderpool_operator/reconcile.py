@@ -1,8 +1,15 @@
-"""One idempotent reconcile of one pool: read it, apply its children, observe them, write status.
+"""One idempotent reconcile of one pool: read it, apply what changed, observe, write status.
 
 Create, update, resume, child events and the periodic resync all end here. It always reads the
-pool afresh, so a caller with a stale copy cannot write a stale status. It is synchronous: the
-engine runs it in a worker thread, one at a time per pool.
+pool afresh, so a caller with a stale copy cannot write a stale status. Children and pods come
+from the watch cache (a :class:`Snapshot`), so a reconcile that finds everything as wanted makes
+no write at all: no apply, no status patch. It is synchronous: the engine runs it in a worker
+thread, one at a time per pool.
+
+Order: every child that needs a write is first applied with ``dryRun=All`` (the API server's own
+validation and admission of, say, a spec.podTemplate), then for real, StatefulSet first. A
+refusal leaves everything as it was and lands on status as ApplyFailed, which still reports
+the pods that run.
 """
 
 from __future__ import annotations
@@ -13,12 +20,17 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from encoderpool_operator import names, status
-from encoderpool_operator.children import desired_children
+from encoderpool_operator.children import KINDS, OPTIONAL_KINDS, Desired, desired_children
+from encoderpool_operator.conditions import merge_patch
+from encoderpool_operator.diff import applied_hash, up_to_date
 from encoderpool_operator.errors import ConflictError, InvalidSpecError, NotFoundError, RejectedError
 from encoderpool_operator.settings import OperatorSettings
 from encoderpool_operator.spec import Pool, identity, parse_pool
 
 log = logging.getLogger(__name__)
+
+MAX_UNAVAILABLE_FIELD = "spec.rollout.maxUnavailable"
+MAX_UNAVAILABLE_PATH = ("spec", "updateStrategy", "rollingUpdate", "maxUnavailable")
 
 
 class Client(Protocol):
@@ -30,8 +42,8 @@ class Client(Protocol):
     def patch_pool_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """Merge-patch the pool's status subresource."""
 
-    def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply one object; returns it as stored."""
+    def apply(self, manifest: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        """Server-side apply one object; returns it as stored (or as it would be)."""
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """One object, or None."""
@@ -47,6 +59,20 @@ class Client(Protocol):
 
 
 @dataclass(frozen=True)
+class Snapshot:
+    """A pool's children (by kind, None when absent) and pods, as the watch cache holds them."""
+
+    children: dict[str, dict[str, Any] | None]
+    pods: list[dict[str, Any]]
+
+
+def read_snapshot(client: Client, namespace: str, name: str) -> Snapshot:
+    """A snapshot read from the API server directly, for callers without a watch cache."""
+    children = {kind: client.get(kind, namespace, names.child_name(name)) for kind in KINDS}
+    return Snapshot(children, client.list_pods(namespace, names.selector_string(name)))
+
+
+@dataclass(frozen=True)
 class Outcome:
     """What one reconcile found and did."""
 
@@ -55,11 +81,12 @@ class Outcome:
     events: list[status.Event] = field(default_factory=list)
     failed: str | None = None  # InvalidSpec/ApplyFailed message: retrying the same spec is futile
     waiting: str | None = None  # children not settled yet: retry soon
+    writes: int = 0  # applies, deletes and status patches made
 
     @property
     def ready(self) -> bool:
         """Whether the pool reported Ready."""
-        return self.status.get("reason") in {status.READY, "ScaledToZero"}
+        return self.status.get("reason") in {"Ready", "ScaledToZero", status.CANARY}
 
 
 def controller_uid(obj: dict[str, Any]) -> str | None:
@@ -78,11 +105,11 @@ def controller_uid(obj: dict[str, Any]) -> str | None:
 RECREATE_ON_REJECT = frozenset({"Service"})
 
 
-def _apply_one(client: Client, pool: Pool, manifest: dict[str, Any]) -> dict[str, Any]:
+def _apply_one(client: Client, pool: Pool, manifest: dict[str, Any], dry_run: bool) -> dict[str, Any]:
     """Apply one child; a child held by another controller is a conflict, not an invalid spec."""
     kind, name = manifest["kind"], manifest["metadata"]["name"]
     try:
-        return client.apply(manifest)
+        return client.apply(manifest, dry_run=dry_run)
     except RejectedError:
         existing = client.get(kind, pool.namespace, name)
         owner = controller_uid(existing) if existing else None
@@ -95,6 +122,8 @@ def _apply_one(client: Client, pool: Pool, manifest: dict[str, Any]) -> dict[str
             ) from None
         if existing is None or owner != pool.uid or kind not in RECREATE_ON_REJECT:
             raise
+        if dry_run:
+            return manifest  # the real apply re-creates it
     log.warning("%s %s/%s: the apply over its hand edits was refused; re-creating it", kind, pool.namespace, name)
     try:
         client.delete(kind, pool.namespace, name, existing["metadata"]["uid"])
@@ -104,46 +133,79 @@ def _apply_one(client: Client, pool: Pool, manifest: dict[str, Any]) -> dict[str
     return client.apply(manifest)
 
 
-def apply_children(client: Client, pool: Pool, settings: OperatorSettings) -> dict[str, Any]:
-    """Server-side apply every child; remove a PDB no longer wanted. Returns the applied StatefulSet."""
-    sts: dict[str, Any] = {}
-    kinds = set()
-    for manifest in desired_children(pool, settings):
-        applied = _apply_one(client, pool, manifest)
-        kinds.add(manifest["kind"])
-        if manifest["kind"] == "StatefulSet":
-            sts = applied
-    if "PodDisruptionBudget" not in kinds:
-        pdb = client.get("PodDisruptionBudget", pool.namespace, names.child_name(pool.name))
-        if pdb is not None and controller_uid(pdb) == pool.uid:
-            try:
-                client.delete("PodDisruptionBudget", pool.namespace, names.child_name(pool.name), pdb["metadata"]["uid"])
-            except NotFoundError:
-                pass  # already gone: the goal is reached
-    return sts
+def ignored_paths(previous: dict[str, Any]) -> tuple[tuple[str, ...], ...]:
+    """Manifest paths the cluster is known to drop (from the last status), not to be re-applied."""
+    return (MAX_UNAVAILABLE_PATH,) if MAX_UNAVAILABLE_FIELD in (previous.get("ignoredFields") or []) else ()
 
 
-def _write(client: Client, body: dict[str, Any], previous: dict[str, Any], new: dict[str, Any]) -> list[status.Event]:
+def apply_children(client: Client, pool: Pool, desired: Desired, live: dict[str, dict[str, Any] | None]) -> tuple[dict[str, dict[str, Any] | None], int]:
+    """Dry-run then apply every child that changed, delete unwanted optional ones.
+
+    Returns the children as they now are and the number of writes made.
+    """
+    ignore = ignored_paths(pool.status)
+    changed = [m for m in desired.manifests if not up_to_date(live.get(m["kind"]), m, ignore)]
+    for manifest in changed:
+        _apply_one(client, pool, manifest, dry_run=True)
+    now = dict(live)
+    for manifest in changed:
+        now[manifest["kind"]] = _apply_one(client, pool, manifest, dry_run=False)
+    writes = len(changed)
+    for kind in OPTIONAL_KINDS:
+        obj = live.get(kind)
+        if desired.of(kind) is not None or obj is None or controller_uid(obj) != pool.uid:
+            continue
+        try:
+            client.delete(kind, pool.namespace, names.child_name(pool.name), obj["metadata"]["uid"])
+            writes += 1
+        except NotFoundError:
+            pass  # already gone: the goal is reached
+        now[kind] = None
+    return now, writes
+
+
+def not_in_effect(desired: Desired, sts: dict[str, Any] | None, previous: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(status.ignoredFields, sentences) for spec fields the pods do not get."""
+    paths = [f"spec.podTemplate.{c}" for c in desired.collisions]
+    notes = []
+    if desired.collisions:
+        notes.append("spec.podTemplate sets fields the operator owns, which keep the operator's values: "
+                     + ", ".join(desired.collisions))
+    want_sts = desired.of("StatefulSet") or {}
+    wanted = ((want_sts.get("spec") or {}).get("updateStrategy") or {}).get("rollingUpdate", {}).get("maxUnavailable")
+    have = (((sts or {}).get("spec") or {}).get("updateStrategy") or {}).get("rollingUpdate", {}).get("maxUnavailable")
+    applied = sts is not None and applied_hash(sts) == applied_hash(want_sts)
+    if wanted is not None and have is None and applied:
+        paths.append(MAX_UNAVAILABLE_FIELD)
+        notes.append("spec.rollout.maxUnavailable is dropped by this cluster's API server (StatefulSet "
+                     "maxUnavailable needs the MaxUnavailableStatefulSet feature gate, beta and off by default "
+                     "in Kubernetes 1.35): pods are replaced one at a time")
+    return paths, notes
+
+
+def _write(client: Client, body: dict[str, Any], previous: dict[str, Any], new: dict[str, Any]) -> tuple[list[status.Event], int]:
     """Patch status when it changed; post an Event when its reason changed."""
     name, namespace, _, _ = identity(body)
-    patch = status.merge_patch(previous, new)
+    patch = merge_patch(previous, new)
     if patch is None:
-        return []
+        return [], 0
     client.patch_pool_status(namespace, name, patch)
-    events = status.transitions(previous, new)
+    events = status.transitions_of(previous, new)
     for event in events:
         client.post_event(body, event)
-    return events
+    return events, 1
 
 
-def _fail(client: Client, body: dict[str, Any], reason: str, message: str, now: datetime) -> Outcome:
+def _invalid(client: Client, body: dict[str, Any], message: str, now: datetime) -> Outcome:
     previous = dict(body.get("status") or {})
     _, _, _, generation = identity(body)
-    new = status.failed_status(previous, generation, reason, message, now)
-    return Outcome(True, new, _write(client, body, previous, new), failed=message)
+    new = status.failed_status(previous, generation, status.INVALID_SPEC, message, now)
+    events, writes = _write(client, body, previous, new)
+    return Outcome(True, new, events, failed=message, writes=writes)
 
 
-def reconcile(client: Client, namespace: str, name: str, settings: OperatorSettings, now: datetime) -> Outcome:
+def reconcile(client: Client, namespace: str, name: str, settings: OperatorSettings, now: datetime,
+              snapshot: Snapshot | None = None) -> Outcome:
     """Bring one pool's children and status in line with its spec (idempotent)."""
     body = client.get_pool(namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
@@ -151,15 +213,26 @@ def reconcile(client: Client, namespace: str, name: str, settings: OperatorSetti
     try:
         pool = parse_pool(body)
     except InvalidSpecError as exc:
-        return _fail(client, body, status.INVALID_SPEC, str(exc), now)
+        return _invalid(client, body, str(exc), now)
+    seen = snapshot or read_snapshot(client, namespace, name)
+    desired = desired_children(pool, settings)
+    failure, writes = None, 0
     try:
-        sts = apply_children(client, pool, settings)
+        children, writes = apply_children(client, pool, desired, seen.children)
     except RejectedError as exc:
-        return _fail(client, body, status.APPLY_FAILED, f"{exc.resource}: {exc.message}", now)
-    pods = client.list_pods(namespace, names.selector_string(name))
-    new = status.compute_status(pool, sts, pods, now, settings.probe_failing_after_seconds)
-    events = _write(client, body, pool.status, new)
+        children, failure = seen.children, (status.APPLY_FAILED, f"{exc.resource}: {exc.message}")
+    sts = children.get("StatefulSet")
+    ignored, notes = not_in_effect(desired, sts, pool.status)
+    image = desired.image if failure is None else None
+    extras = status.Extras(
+        image=image.image if image else pool.status.get("image"),
+        image_default_for=image.default_for if image else pool.status.get("imageDefaultFor"),
+        ignored=ignored, notes=notes, failure=failure,
+    )
+    new = status.compute_status(pool, sts, seen.pods, now, settings.probe_failing_after_seconds, extras)
+    events, status_writes = _write(client, body, pool.status, new)
     waiting = None
-    if any(c["reason"] == status.WAITING_FOR_STATEFULSET for c in new["conditions"]):
+    if failure is None and any(c["reason"] == status.WAITING_FOR_STATEFULSET for c in new["conditions"]):
         waiting = f"StatefulSet {namespace}/{name} not yet observed by its controller"
-    return Outcome(True, new, events, waiting=waiting)
+    return Outcome(True, new, events, failed=failure[1] if failure else None, waiting=waiting,
+                   writes=writes + status_writes)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 ENV_PREFIX = "ENCODERPOOL_OPERATOR_"
@@ -64,6 +64,27 @@ class OperatorSettings(BaseSettings):
     request_timeout_seconds: float = Field(
         30.0, gt=0, le=600, description="Timeout of each request to the API server."
     )
+    coalesce_seconds: float = Field(
+        0.2, ge=0, le=10, description="A watch event waits this long, so the rest of a burst joins its reconcile."
+    )
+    metrics_port: int = Field(8081, ge=0, le=65535, description="Port of GET /metrics (0 = off).")
+    leader_election: bool = Field(
+        True, description="Run only while holding the leader Lease, so several replicas can stand by."
+    )
+    lease_name: str = Field("encoderpool-operator", min_length=1, max_length=253,
+                            description="Name of the coordination.k8s.io Lease the replicas compete for.")
+    lease_namespace: str = Field("", max_length=63,
+                                 description="Namespace of the Lease; empty = the pod's own (POD_NAMESPACE).")
+    lease_duration_seconds: float = Field(
+        15.0, ge=2, le=300, description="A leader that stops renewing is replaced after this long."
+    )
+    renew_deadline_seconds: float = Field(
+        10.0, ge=1, le=300, description="A leader that cannot renew for this long stops and exits."
+    )
+    retry_period_seconds: float = Field(
+        2.0, gt=0, le=60, description="How often the leader renews and a standby tries to take over."
+    )
+    identity: str = Field("", max_length=253, description="This replica's name in the Lease; empty = HOSTNAME plus a random suffix.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
 
     @field_validator("namespaces", mode="before")
@@ -72,6 +93,13 @@ class OperatorSettings(BaseSettings):
         if isinstance(value, str):
             return [ns.strip() for ns in value.split(",") if ns.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _lease_timing(self) -> "OperatorSettings":
+        if not self.retry_period_seconds < self.renew_deadline_seconds < self.lease_duration_seconds:
+            raise ValueError("leader election needs retry_period_seconds < renew_deadline_seconds < "
+                             "lease_duration_seconds (a leader must stop before a standby may take over)")
+        return self
 
     @property
     def clusterwide(self) -> bool:
@@ -84,7 +112,9 @@ class SettingsError(SystemExit):
 
 
 def _describe(err: dict[str, Any]) -> str:
-    name = str(err["loc"][0]) if err.get("loc") else "settings"
+    if not err.get("loc"):  # a relation between settings: the message names them
+        return f"invalid settings: {str(err['msg']).removeprefix('Value error, ')}"
+    name = str(err["loc"][0])
     ctx = err.get("ctx") or {}
     bounds = ", ".join(f"{k} {v}" for k, v in ctx.items() if k in {"ge", "gt", "le", "lt", "expected"})
     flag = "--" + name.replace("_", "-")

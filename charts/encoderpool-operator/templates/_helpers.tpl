@@ -51,3 +51,10 @@ app.kubernetes.io/part-of: encoderpool
 {{- default "default" .Values.serviceAccount.name }}
 {{- end }}
 {{- end }}
+
+{{/* The full name plus a suffix, still at most 63 characters: the full name is cut first.
+     Usage: include "encoderpool-operator.suffixed" (list . "-leader-election") */}}
+{{- define "encoderpool-operator.suffixed" -}}
+{{- $ctx := index . 0 }}{{- $suffix := index . 1 }}
+{{- printf "%s%s" (include "encoderpool-operator.fullname" $ctx | trunc (int (sub 63 (len $suffix))) | trimSuffix "-") $suffix }}
+{{- end }}

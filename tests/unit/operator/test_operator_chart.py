@@ -54,8 +54,8 @@ def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([helm, *args, "--kube-version", kube_version()], capture_output=True, text=True, timeout=60)
 
 
-def render(helm: str, *sets: str, release: str = "encpool", strings: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
-    """helm template -> {kind: object} (the chart renders one object of each kind)."""
+def render(helm: str, *sets: str, release: str = "encpool", strings: tuple[str, ...] = ()) -> dict[str, Any]:
+    """helm template -> {kind: object}, or {kind: [objects]} for kinds rendered more than once."""
     args = ["template", release, str(CHART), "--namespace", "ops"]
     for s in sets:
         args += ["--set", s]
@@ -64,17 +64,27 @@ def render(helm: str, *sets: str, release: str = "encpool", strings: tuple[str, 
     done = run_helm(helm, *args)
     assert done.returncode == 0, done.stderr
     docs = [d for d in yaml.safe_load_all(done.stdout) if d]
-    by_kind = {d["kind"]: d for d in docs}
-    assert len(by_kind) == len(docs)
+    by_kind: dict[str, Any] = {}
+    for doc in docs:
+        if doc["kind"] in by_kind:
+            previous = by_kind[doc["kind"]]
+            by_kind[doc["kind"]] = (previous if isinstance(previous, list) else [previous]) + [doc]
+        else:
+            by_kind[doc["kind"]] = doc
     return by_kind
+
+
+def listed(objs: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """Every rendered object of one kind."""
+    found = objs.get(kind, [])
+    return found if isinstance(found, list) else [found]
 
 
 def rules_of(role: dict[str, Any]) -> set[tuple[str, str, str]]:
     return {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
 
 
-def expected_rules(namespaced: bool) -> set[tuple[str, str, str]]:
-    table = rbac.RULES + (rbac.NAMESPACED_MODE_RULES if namespaced else ())
+def expected_rules(table: tuple[rbac.Rule, ...] = rbac.RULES) -> set[tuple[str, str, str]]:
     return {(r.group, r.resource, v) for r in table for v in r.verbs}
 
 
@@ -127,23 +137,32 @@ def test_helm_lint_strict(helm: str) -> None:
 @pytest.mark.integration
 def test_default_render(helm: str) -> None:
     objs = render(helm)
-    assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment"}
+    assert set(objs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment"}
     deploy = objs["Deployment"]
-    assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"] == {"type": "Recreate"}
+    # Two replicas with leader election: one works, one stands by; a rolling update is safe.
+    assert deploy["spec"]["replicas"] == 2 and deploy["spec"]["strategy"]["type"] == "RollingUpdate"
     pod = deploy["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == objs["ServiceAccount"]["metadata"]["name"]
     (container,) = pod["containers"]
     assert container["image"] == "encoderpool/encoderpool-operator:0.1.0"
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
-    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    env = {e["name"]: e.get("value") for e in container["env"] if "value" in e}
     for name in env:
         assert name.removeprefix(ENV_PREFIX).lower() in OperatorSettings.model_fields, name
     assert env["ENCODERPOOL_OPERATOR_NAMESPACES"] == ""
     settings = OperatorSettings(**{k.removeprefix(ENV_PREFIX).lower(): v for k, v in env.items() if v})
     assert settings.clusterwide and settings.liveness_port == container["ports"][0]["containerPort"]
-    assert rules_of(objs["ClusterRole"]) == expected_rules(namespaced=False)
+    assert settings.leader_election and settings.lease_name == deploy["metadata"]["name"]
+    downward = {e["name"]: e["valueFrom"] for e in container["env"] if "valueFrom" in e}
+    assert downward == {"POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
+    assert rules_of(objs["ClusterRole"]) == expected_rules()
     subject = objs["ClusterRoleBinding"]["subjects"][0]
     assert (subject["name"], subject["namespace"]) == (objs["ServiceAccount"]["metadata"]["name"], "ops")
+    # The Lease: a Role in the release namespace only.
+    assert objs["Role"]["metadata"]["namespace"] == "ops"
+    assert rules_of(objs["Role"]) == expected_rules(rbac.LEASE_RULES)
+    affinity = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert affinity["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
 
 
 @pytest.mark.integration
@@ -169,14 +188,41 @@ def test_non_default_render(helm: str) -> None:
     assert container["image"] == "registry.example.com/op:1.2.3"
     assert pod["serviceAccountName"] == "shared" and pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
     assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
-    assert rules_of(objs["ClusterRole"]) == expected_rules(namespaced=True)
-    assert objs["ClusterRoleBinding"]["subjects"][0]["name"] == "shared"
+    # A namespaced install: Roles in the watched namespaces, nothing cluster-wide.
+    assert "ClusterRole" not in objs and "ClusterRoleBinding" not in objs
+    roles = {(r["metadata"]["namespace"], r["metadata"]["name"]): r for r in listed(objs, "Role")}
+    assert set(roles) == {("ml", "encpool-encoderpool-operator"), ("cv", "encpool-encoderpool-operator"),
+                          ("ops", "encpool-encoderpool-operator-leader-election")}
+    for namespace in ("ml", "cv"):
+        assert rules_of(roles[(namespace, "encpool-encoderpool-operator")]) == expected_rules()
+    bindings = {b["metadata"]["namespace"]: b for b in listed(objs, "RoleBinding")}
+    assert set(bindings) == {"ml", "cv", "ops"}
+    assert all(b["subjects"][0] == {"kind": "ServiceAccount", "name": "shared", "namespace": "ops"}
+               for b in bindings.values())
 
 
 @pytest.mark.integration
 def test_rbac_can_be_left_to_someone_else(helm: str) -> None:
     objs = render(helm, "rbac.create=false")
-    assert "ClusterRole" not in objs and "ClusterRoleBinding" not in objs
+    assert not {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"} & set(objs)
+
+
+@pytest.mark.integration
+def test_monitoring_objects_are_optional(helm: str) -> None:
+    objs = render(helm, "metrics.serviceMonitor.enabled=true", "metrics.encoderPodMonitor.enabled=true",
+                  "metrics.serviceMonitor.labels.release=prom")
+    monitor = objs["ServiceMonitor"]
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "30s"}]
+    (service,) = [s for s in listed(objs, "Service")]
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    encoders = objs["PodMonitor"]
+    assert encoders["spec"]["namespaceSelector"] == {"any": True}
+    assert encoders["spec"]["selector"]["matchLabels"]["app.kubernetes.io/managed-by"] == "encoderpool-operator"
+    assert encoders["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+    scoped = render(helm, "metrics.encoderPodMonitor.enabled=true", "watchNamespaces={ml}")
+    assert scoped["PodMonitor"]["spec"]["namespaceSelector"] == {"matchNames": ["ml"]}
+    assert "ServiceMonitor" not in render(helm)
 
 
 @pytest.mark.integration

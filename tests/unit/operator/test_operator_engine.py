@@ -129,7 +129,7 @@ def test_resync_of_all_namespaces_lists_cluster_wide() -> None:
 
 def test_the_resync_task_runs_periodically_and_stops() -> None:
     client = CountingClient(delay=0, pools={None: ["a"]})
-    engine = Engine(client, settings(resync_seconds=5))
+    engine = Engine(client, settings(resync_seconds=5, coalesce_seconds=0))
 
     # resync_seconds has a floor of 5 s; model_copy skips validation to keep this test short.
     engine.settings = engine.settings.model_copy(update={"resync_seconds": 0.01})
@@ -137,7 +137,24 @@ def test_the_resync_task_runs_periodically_and_stops() -> None:
     async def main() -> None:
         engine.start()
         await asyncio.sleep(0.1)
+        assert client.reads == [], "no resync before the watch cache has been filled"
+        engine.cache_ready()
+        await asyncio.sleep(0.1)
         await engine.stop()
 
     asyncio.run(main())
     assert len(client.reads) >= 3 and engine.last_resync is not None
+
+
+def test_coalesced_nudges_are_counted() -> None:
+    client = CountingClient(delay=0.05)
+    engine = Engine(client, settings(coalesce_seconds=0.05))
+
+    async def main() -> None:
+        await asyncio.gather(*(engine.nudge("ml", "a") for _ in range(20)))
+
+    asyncio.run(main())
+    assert len(client.reads) == 1, "a burst within the coalescing window is one reconcile"
+    samples = {s.labels["outcome"]: s.value for m in engine.metrics.registry.collect()
+               if m.name == "encoderpool_operator_nudges" for s in m.samples if s.name.endswith("_total")}
+    assert samples == {"ran": 1.0, "coalesced": 19.0}

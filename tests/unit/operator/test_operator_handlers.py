@@ -9,7 +9,16 @@ import pytest
 
 from encoderpool_operator import errors, names
 from encoderpool_operator.engine import Engine
-from encoderpool_operator.handlers import WATCHED_CHILDREN, build_registry, kopf_settings, raise_for, to_kopf
+from encoderpool_operator.handlers import (
+    WATCHED,
+    WATCHED_CHILDREN,
+    WatchCache,
+    build_registry,
+    index_name,
+    kopf_settings,
+    raise_for,
+    to_kopf,
+)
 from encoderpool_operator.reconcile import Outcome
 from encoderpool_operator.settings import OperatorSettings
 
@@ -45,7 +54,7 @@ def test_outcomes_map_to_kopf(settings: OperatorSettings) -> None:
 
 
 def test_registry_handles_pools_and_watches_children_without_finalizers(settings: OperatorSettings) -> None:
-    registry = build_registry(Engine(client=None, settings=settings))  # type: ignore[arg-type]
+    registry = build_registry(Engine(client=None, settings=settings), WatchCache())  # type: ignore[arg-type]
     # The registry's handler lists are kopf internals; read only here, to pin what is registered.
     changing = registry._changing.get_all_handlers()
     watching = registry._watching.get_all_handlers()
@@ -56,6 +65,31 @@ def test_registry_handles_pools_and_watches_children_without_finalizers(settings
     watched = {(h.selector.group, h.selector.version, h.selector.any_name) for h in watching}
     assert watched == set(WATCHED_CHILDREN)
     assert all(dict(h.labels) == {names.MANAGED_BY_LABEL: names.OPERATOR_NAME} for h in watching)
+    # The watch cache: one kopf index per watched kind, on the same selector (kopf holds every
+    # handler back until each index has been listed, so no reconcile sees a half-filled cache).
+    indexing = registry._indexing.get_all_handlers()
+    assert {h.id for h in indexing} == {index_name(kind) for kind in WATCHED}
+    assert {(h.selector.group, h.selector.version, h.selector.any_name) for h in indexing} == set(WATCHED_CHILDREN)
+    assert all(dict(h.labels) == {names.MANAGED_BY_LABEL: names.OPERATOR_NAME} for h in indexing)
+
+
+def test_the_watch_cache_serves_a_pools_children_and_pods() -> None:
+    cache = WatchCache()
+    sts = {"kind": "StatefulSet", "metadata": {"name": "enc"}}
+    pods = [{"metadata": {"name": "enc-0"}}, {"metadata": {"name": "enc-1"}}]
+    # kopf's Index is a mapping of key -> an iterable store of values.
+    cache.indices.update({index_name(kind): {} for kind in WATCHED})
+    cache.indices[index_name("StatefulSet")][("ml", "enc")] = [sts]
+    cache.indices[index_name("Pod")][("ml", "enc")] = pods
+    snap = cache.snapshot("ml", "enc")
+    assert snap.children["StatefulSet"] == sts and snap.children["Service"] is None
+    assert snap.pods == pods
+    assert cache.snapshot("ml", "other").pods == []
+
+
+def test_kopf_does_not_scan_the_cluster(settings: OperatorSettings) -> None:
+    """No CRD or namespace watches: a namespaced install needs no cluster-wide permission."""
+    assert kopf_settings(settings).scanning.disabled is True
 
 
 def test_kopf_keeps_its_state_under_our_prefix(settings: OperatorSettings) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from encoderpool_operator.podtemplate import RUN_AS_USER
+from encoderpool_operator.podparts import RUN_AS_USER
 
 pytestmark = pytest.mark.unit
 

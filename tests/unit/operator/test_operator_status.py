@@ -53,7 +53,7 @@ TABLE: dict[str, tuple[int, list[dict[str, Any]], dict[str, Any], tuple[str, boo
         ("ContainerConfigError", False, "Starting", "ContainerConfigError", 0, 1, "secret \"hf\" not found")),
     "probe failing": (1, [{"ready": False, "ready_since": "2026-01-01T00:05:00Z", "container": {
         "ready": False, "started": True, "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}}], {},
-        ("ProbeFailing", False, "Starting", "ProbeFailing", 0, 1, "/health_generate")),
+        ("ProbeFailing", False, "Starting", "ProbeFailing", 0, 1, "GET /health")),
     "probe failing briefly": (1, [{"ready": False, "ready_since": "2026-01-01T00:09:30Z", "container": {
         "ready": False, "started": True, "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}}], {},
         ("Starting", False, "Starting", "AsExpected", 0, 1, "loading the model")),
@@ -101,12 +101,126 @@ def test_endpoints_are_the_ready_pods_dns_names_in_ordinal_order(
     assert out["selector"] == "encoderpool.io/pool=enc" and out["replicas"] == 4
 
 
-def test_old_revision_pods_keep_serving_during_a_rollout(
+def url(i: int) -> str:
+    return f"http://enc-{i}.enc.ml.svc:30000"
+
+
+def test_endpoints_never_mix_revisions_during_a_rollout(
     make_pool: Callable[..., Pool], pod: Callable[..., dict[str, Any]], statefulset: Callable[..., dict[str, Any]]
 ) -> None:
-    pool = make_pool({"model": "/m", "replicas": 2})
-    out = status.compute_status(pool, statefulset(), [pod(0, revision="enc-rev1"), pod(1)], NOW, PROBE_AFTER)
-    assert len(out["endpoints"]) == 2 and out["reason"] == "RollingUpdate"
+    """Routers must not mix old- and new-checkpoint embeddings: one revision at a time."""
+    pool = make_pool({"model": "/m", "replicas": 3})
+    sts = statefulset(update_revision="enc-rev2", current_revision="enc-rev1")
+    # The new pod is still loading: the old revision serves alone.
+    starting = {"ready": False, "started": False, "state": {"running": {"startedAt": "2026-01-01T00:09:00Z"}}}
+    loading = [pod(0, revision="enc-rev1"), pod(1, revision="enc-rev1"), pod(2, ready=False, container=starting)]
+    out = status.compute_status(pool, sts, loading, NOW, PROBE_AFTER)
+    assert out["endpoints"] == [url(0), url(1)] and out["reason"] == "RollingUpdate"
+    # One new pod is ready: from now on only the new revision is listed.
+    switched = [pod(0, revision="enc-rev1"), pod(1, revision="enc-rev1"), pod(2)]
+    out = status.compute_status(pool, sts, switched, NOW, PROBE_AFTER)
+    assert out["endpoints"] == [url(2)]
+    # status.revisions lets a router see both, told apart, the update revision first.
+    assert out["revisions"] == [
+        {"name": "enc-rev2", "updated": True, "replicas": 1, "readyReplicas": 1, "endpoints": [url(2)]},
+        {"name": "enc-rev1", "updated": False, "replicas": 2, "readyReplicas": 2, "endpoints": [url(0), url(1)]},
+    ]
+    assert (out["updateRevision"], out["currentRevision"], out["updatedReadyReplicas"]) == ("enc-rev2", "enc-rev1", 1)
+
+
+def test_a_canary_partition_serves_both_revisions_and_is_ready(
+    make_pool: Callable[..., Pool], pod: Callable[..., dict[str, Any]], statefulset: Callable[..., dict[str, Any]]
+) -> None:
+    pool = make_pool({"model": "/m", "replicas": 3, "rollout": {"partition": 2}})
+    sts = statefulset(update_revision="enc-rev2", current_revision="enc-rev1")
+    pods = [pod(0, revision="enc-rev1"), pod(1, revision="enc-rev1"), pod(2)]
+    out = status.compute_status(pool, sts, pods, NOW, PROBE_AFTER)
+    conditions = {c["type"]: c for c in out["conditions"]}
+    assert out["reason"] == "Canary" and conditions["Ready"]["status"] == "True"
+    assert conditions["Progressing"]["status"] == "False" and conditions["Progressing"]["reason"] == "Canary"
+    assert "2 held on the previous revision by spec.rollout.partition=2" in out["message"]
+    assert out["endpoints"] == [url(0), url(1), url(2)]
+    # The canary pod itself not yet replaced: the rollout is under way.
+    out = status.compute_status(pool, sts, [pod(0, revision="enc-rev1"), pod(1, revision="enc-rev1"),
+                                            pod(2, revision="enc-rev1")], NOW, PROBE_AFTER)
+    assert out["reason"] == "RollingUpdate" and "partition=2" in out["message"]
+
+
+def test_endpoints_use_each_pods_own_port(
+    make_pool: Callable[..., Pool], pod: Callable[..., dict[str, Any]], statefulset: Callable[..., dict[str, Any]]
+) -> None:
+    """Mid-rollout of a port change, the old pods still listen on the old port."""
+    pool = make_pool({"model": "/m", "replicas": 1, "port": 31000})
+    old = pod(0)
+    old["spec"] = {"containers": [{"name": "encoder", "ports": [{"name": "http", "containerPort": 30000}]}]}
+    out = status.compute_status(pool, statefulset(), [old], NOW, PROBE_AFTER)
+    assert out["endpoints"] == ["http://enc-0.enc.ml.svc:30000"]
+
+
+def test_a_stalled_rollout_passes_its_progress_deadline(
+    make_pool: Callable[..., Pool], pod: Callable[..., dict[str, Any]], statefulset: Callable[..., dict[str, Any]]
+) -> None:
+    spec = {"model": "/m", "replicas": 2, "rollout": {"progressDeadlineSeconds": 60}}
+    sts = statefulset(update_revision="enc-rev2", current_revision="enc-rev1")
+    pods = [pod(0, revision="enc-rev1"), pod(1, ready=False, scheduled=False, unschedulable_message=UNSCHEDULABLE_MSG)]
+    first = status.compute_status(make_pool(spec), sts, pods, NOW, PROBE_AFTER)
+    assert first["lastProgressTime"] == "2026-01-01T00:10:00Z"
+    later = datetime(2026, 1, 1, 0, 10, 59, tzinfo=timezone.utc)
+    assert status.compute_status(make_pool(spec, status=first), sts, pods, later, PROBE_AFTER) == first
+    stalled = status.compute_status(make_pool(spec, status=first), sts, pods,
+                                    datetime(2026, 1, 1, 0, 11, 1, tzinfo=timezone.utc), PROBE_AFTER)
+    conditions = {c["type"]: c for c in stalled["conditions"]}
+    assert conditions["Progressing"]["status"] == "False"
+    assert conditions["Progressing"]["reason"] == "ProgressDeadlineExceeded"
+    assert "no progress for over 60s" in conditions["Progressing"]["message"]
+    assert stalled["reason"] == "Unschedulable", "the pod's own problem stays the headline"
+    # Progress (the new pod became ready) restarts the clock; done, the clock goes.
+    moved = status.compute_status(make_pool(spec, status=stalled), sts, [pod(0, revision="enc-rev1"), pod(1)],
+                                  datetime(2026, 1, 1, 0, 12, tzinfo=timezone.utc), PROBE_AFTER)
+    assert moved["lastProgressTime"] == "2026-01-01T00:12:00Z"
+    done = status.compute_status(make_pool(spec, status=moved), sts, [pod(0), pod(1)], NOW, PROBE_AFTER)
+    assert "lastProgressTime" not in done and done["reason"] == "Ready"
+
+
+def test_the_deadline_defaults_past_the_startup_budget(make_pool: Callable[..., Pool]) -> None:
+    assert status.deadline_seconds(make_pool({"model": "/m", "startupTimeoutSeconds": 600})) == 900
+    assert status.deadline_seconds(make_pool({"model": "/m", "rollout": {"progressDeadlineSeconds": 45}})) == 45
+
+
+def test_apply_failed_still_reports_the_pods_that_run(
+    make_pool: Callable[..., Pool], pod: Callable[..., dict[str, Any]], statefulset: Callable[..., dict[str, Any]]
+) -> None:
+    pool = make_pool({"model": "/m", "replicas": 2}, status={"readyReplicas": 0, "endpoints": []})
+    extras = status.Extras(failure=("ApplyFailed", "StatefulSet: spec.template.spec.containers[1].image: Required value"))
+    out = status.compute_status(pool, statefulset(), [pod(0), pod(1)], NOW, PROBE_AFTER, extras)
+    assert out["reason"] == "ApplyFailed" and "Required value" in out["message"]
+    assert out["readyReplicas"] == 2 and out["endpoints"] == [url(0), url(1)]
+    conditions = {c["type"]: c for c in out["conditions"]}
+    assert conditions["Degraded"]["status"] == "True" and conditions["Ready"]["reason"] == "ApplyFailed"
+
+
+def test_spec_fields_not_in_effect_are_named(
+    make_pool: Callable[..., Pool], pod: Callable[..., dict[str, Any]], statefulset: Callable[..., dict[str, Any]]
+) -> None:
+    pool = make_pool({"model": "/m"})
+    out = status.compute_status(pool, statefulset(), [pod(0)], NOW, PROBE_AFTER)
+    applied = {c["type"]: c for c in out["conditions"]}["SpecApplied"]
+    assert applied["status"] == "True" and "ignoredFields" not in out
+    extras = status.Extras(ignored=["spec.podTemplate.spec.containers[encoder].command"],
+                           notes=["spec.podTemplate sets fields the operator owns: ..."])
+    out = status.compute_status(pool, statefulset(), [pod(0)], NOW, PROBE_AFTER, extras)
+    applied = {c["type"]: c for c in out["conditions"]}["SpecApplied"]
+    assert (applied["status"], applied["reason"]) == ("False", "ProtectedFieldOverride")
+    assert out["ignoredFields"] == ["spec.podTemplate.spec.containers[encoder].command"]
+    assert out["reason"] == "Ready", "a protected override does not make the pool unready"
+
+
+def test_the_image_is_recorded(
+    make_pool: Callable[..., Pool], pod: Callable[..., dict[str, Any]], statefulset: Callable[..., dict[str, Any]]
+) -> None:
+    extras = status.Extras(image="r/enc:1-cuda", image_default_for="cuda")
+    out = status.compute_status(make_pool({"model": "/m"}), statefulset(), [pod(0)], NOW, PROBE_AFTER, extras)
+    assert (out["image"], out["imageDefaultFor"]) == ("r/enc:1-cuda", "cuda")
 
 
 def test_missing_statefulset(make_pool: Callable[..., Pool]) -> None:
@@ -120,13 +234,13 @@ def test_last_transition_time_moves_only_when_status_flips(
     loading = {"ready": False, "container": {"ready": False, "started": False,
                                              "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}}
     first = status.compute_status(make_pool({"model": "/m"}), statefulset(), [pod(0, **loading)], NOW, PROBE_AFTER)
-    later = datetime(2026, 1, 1, 1, 0, tzinfo=timezone.utc)
+    later = datetime(2026, 1, 1, 0, 20, tzinfo=timezone.utc)  # within the progress deadline
     same = status.compute_status(make_pool({"model": "/m"}, status=first), statefulset(), [pod(0, **loading)],
                                  later, PROBE_AFTER)
     assert same == first, "an unchanged pool must produce an identical status (no write)"
     flipped = status.compute_status(make_pool({"model": "/m"}, status=first), statefulset(), [pod(0)], later, PROBE_AFTER)
     times = {c["type"]: c["lastTransitionTime"] for c in flipped["conditions"]}
-    assert times["Ready"] == "2026-01-01T01:00:00Z"
+    assert times["Ready"] == "2026-01-01T00:20:00Z"
     assert times["Degraded"] == "2026-01-01T00:10:00Z"
 
 
@@ -147,7 +261,7 @@ def test_merge_patch() -> None:
     ],
 )
 def test_events_on_transitions_only(before: dict[str, Any], after: dict[str, Any], events: list[status.Event]) -> None:
-    assert status.transitions(before, after) == events
+    assert status.transitions_of(before, after) == events
 
 
 def test_failed_status_keeps_the_last_observation() -> None:
@@ -165,8 +279,13 @@ def test_every_status_field_is_in_the_crd(
 ) -> None:
     """A field missing from the CRD's status schema would be pruned by the API server."""
     schema = openapi["properties"]["status"]["properties"]
-    out = status.compute_status(make_pool({"model": "/m"}), statefulset(), [pod(0)], NOW, PROBE_AFTER)
+    extras = status.Extras(image="i", image_default_for="cuda", ignored=["spec.x"], notes=["x"])
+    sts = statefulset(update_revision="enc-rev2", current_revision="enc-rev1")
+    out = status.compute_status(make_pool({"model": "/m", "replicas": 2}), sts, [pod(0, revision="enc-rev1"), pod(1)],
+                                NOW, PROBE_AFTER, extras)
+    assert {"revisions", "lastProgressTime", "image", "ignoredFields"} <= set(out)
     assert set(out) <= set(schema)
+    assert set(out["revisions"][0]) <= set(schema["revisions"]["items"]["properties"])
     for cond in out["conditions"]:
         assert set(cond) <= set(schema["conditions"]["items"]["properties"])
 
