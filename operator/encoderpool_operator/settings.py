@@ -48,7 +48,8 @@ class OperatorSettings(BaseSettings):
         max_length=128,
         description="Server-side apply field manager that owns every field the operator writes.",
     )
-    liveness_port: int = Field(8080, ge=0, le=65535, description="Port of GET /healthz (0 = off).")
+    liveness_port: int = Field(8080, ge=0, le=65535,
+                               description="Port of GET /healthz, /readyz and /metrics (0 = off).")
     probe_failing_after_seconds: float = Field(
         120.0,
         ge=0,
@@ -67,7 +68,6 @@ class OperatorSettings(BaseSettings):
     coalesce_seconds: float = Field(
         0.2, ge=0, le=10, description="A watch event waits this long, so the rest of a burst joins its reconcile."
     )
-    metrics_port: int = Field(8081, ge=0, le=65535, description="Port of GET /metrics (0 = off).")
     leader_election: bool = Field(
         True, description="Run only while holding the leader Lease, so several replicas can stand by."
     )

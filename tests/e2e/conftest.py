@@ -27,7 +27,7 @@ from tests.e2e.cluster.procs import pid_alive
 from tests.e2e.operator_harness import (
     ChartInstall,
     InClusterOperator,
-    LocalOperator,
+    LocalOperators,
     Operator,
     install_chart,
     service_account_kubeconfig,
@@ -93,7 +93,7 @@ def operator_process(k8s_cluster: Cluster, chart_install: ChartInstall,
                      operator_kubeconfig: Path) -> Iterator[Operator]:
     """One operator for the session: a local process as the chart's ServiceAccount, or, on an
     external cluster, the chart's own Deployment."""
-    kind = InClusterOperator if getattr(k8s_cluster, "external", False) else LocalOperator
+    kind = InClusterOperator if getattr(k8s_cluster, "external", False) else LocalOperators
     operator = kind(k8s_cluster, chart_install, operator_kubeconfig)
     try:
         operator.start()

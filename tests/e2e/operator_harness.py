@@ -1,10 +1,12 @@
-"""The operator under test: the chart installed by helm, and the operator process itself.
+"""The operator under test: the chart installed by helm, and the operator processes themselves.
 
 On the local control plane the chart's Deployment is scheduled onto a kwok node, where it is
-"Running" without running anything (kwok fakes pods). The real operator runs here instead, as a
-host process: this venv's ``encoderpool-operator`` with exactly the env the installed Deployment
-renders from the chart's values, and a token of the chart's ServiceAccount, never the admin's,
-so a missing RBAC rule fails the tests as it would fail a user's cluster.
+"Running" without running anything (kwok fakes pods). The real operator runs here instead, as
+host processes, one per replica of the Deployment (two by default, with leader election): this
+venv's ``encoderpool-operator`` with exactly the env the installed Deployment renders from the
+chart's values (its downward-API POD_NAMESPACE and a HOSTNAME per replica added), and a token of
+the chart's ServiceAccount, never the admin's, so a missing RBAC rule fails the tests as it
+would fail a user's cluster.
 
 On an external cluster (kind, ``make kind-e2e``) the chart's Deployment runs the operator image for
 real, as the same ServiceAccount; the tests only wait for it.
@@ -56,10 +58,24 @@ class ChartInstall:
         """The ServiceAccount the chart runs the operator as."""
         return str(self.deployment["spec"]["template"]["spec"]["serviceAccountName"])
 
+    @property
+    def replicas(self) -> int:
+        """Replicas of the operator Deployment."""
+        return int(self.deployment["spec"].get("replicas", 1))
+
     def operator_env(self) -> dict[str, str]:
-        """The operator settings the chart renders (literal env values of its container)."""
+        """The operator settings the chart renders (literal env values of its container), plus
+        what the kubelet would add: the downward API's POD_NAMESPACE."""
         container = self.deployment["spec"]["template"]["spec"]["containers"][0]
-        return {e["name"]: e.get("value", "") for e in container.get("env") or [] if "valueFrom" not in e}
+        env = {e["name"]: e.get("value", "") for e in container.get("env") or [] if "valueFrom" not in e}
+        for var in container.get("env") or []:
+            if (var.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
+                env[var["name"]] = self.namespace
+        return env
+
+    def env_value(self, name: str) -> str:
+        """One literal env value of the operator container ('' when unset)."""
+        return self.operator_env().get(name, "")
 
 
 class Cluster(Protocol):
@@ -107,14 +123,17 @@ def free_port() -> int:
 
 
 class LocalOperator:
-    """``encoderpool-operator`` as a host process, with the chart's env and ServiceAccount token."""
+    """One replica of ``encoderpool-operator`` as a host process, with the chart's env and
+    ServiceAccount token."""
 
     in_cluster = False
 
-    def __init__(self, cluster: Cluster, install: ChartInstall, kubeconfig: Path) -> None:
+    def __init__(self, cluster: Cluster, install: ChartInstall, kubeconfig: Path, replica: int = 0) -> None:
         self.install = install
         self.kubeconfig = kubeconfig
-        self.log_path = cluster.log_path("encoderpool-operator")
+        self.replica = replica
+        self.hostname = f"{install.deployment_name}-{replica}"
+        self.log_path = cluster.log_path(f"encoderpool-operator-{replica}")
         self.liveness_port = 0
         self._reaper = Reaper()  # kills the operator if the test runner itself is killed
         self._proc: ManagedProcess | None = None
@@ -124,6 +143,7 @@ class LocalOperator:
         env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX) and k not in IN_CLUSTER_ENV}
         env.update(self.install.operator_env())
         env["KUBECONFIG"] = str(self.kubeconfig)
+        env["HOSTNAME"] = self.hostname  # the pod name: the first part of its Lease identity
         # The chart's port is the container's; on this host it must be one that is free.
         env[ENV_PREFIX + "LIVENESS_PORT"] = str(self.liveness_port)
         return env
@@ -167,6 +187,10 @@ class LocalOperator:
         os.killpg(self._proc.pid, signal.SIGKILL)
         self._proc.stop(grace=5)  # reaps it and tells the reaper to forget the group
 
+    def metrics(self) -> str:
+        """Its GET /metrics text."""
+        return httpx.get(f"http://127.0.0.1:{self.liveness_port}/metrics", timeout=5).text
+
     def stop(self) -> None:
         """SIGTERM (kopf shuts down gracefully), SIGKILL after a grace period."""
         if self._proc is not None and self._proc.poll() is None:
@@ -186,7 +210,88 @@ class LocalOperator:
 
     def log(self) -> str:
         """Its whole log so far."""
-        return self.log_path.read_text(errors="replace")
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+class LocalOperators:
+    """The Deployment's replicas as host processes; with leader election one of them leads."""
+
+    in_cluster = False
+
+    def __init__(self, cluster: Cluster, install: ChartInstall, kubeconfig: Path) -> None:
+        self.install = install
+        self.kubeconfig = kubeconfig
+        self._cluster = cluster
+        self.replicas = [LocalOperator(cluster, install, kubeconfig, i) for i in range(install.replicas)]
+
+    @property
+    def lease_name(self) -> str:
+        """The leader Lease (named by the chart's env)."""
+        return self.install.env_value(ENV_PREFIX + "LEASE_NAME") or "encoderpool-operator"
+
+    def lease(self) -> dict[str, Any] | None:
+        """The leader Lease as the API server holds it."""
+        with self._cluster.api() as api:
+            return api.get_or_none(path_for("coordination.k8s.io/v1", "leases", self.install.namespace,
+                                            self.lease_name))
+
+    def holder(self) -> str:
+        """holderIdentity of the Lease ('' when free)."""
+        return str(((self.lease() or {}).get("spec") or {}).get("holderIdentity") or "")
+
+    def leader(self, timeout: float = 60.0) -> LocalOperator:
+        """The running replica holding the Lease (waits for one)."""
+        def find() -> LocalOperator | None:
+            holder = self.holder()
+            return next((r for r in self.replicas if r.pid is not None and holder.startswith(r.hostname + "_")),
+                        None)
+
+        found: LocalOperator = wait_for(find, timeout, f"a leader of Lease {self.lease_name}")
+        return found
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start every replica that is not running; wait for /healthz of each and for a leader."""
+        for replica in self.replicas:
+            if replica.pid is None:
+                replica.start(timeout)
+        self.leader(timeout)
+
+    @property
+    def pid(self) -> int | None:
+        """PID of a running replica (None when all are stopped)."""
+        return next((r.pid for r in self.replicas if r.pid is not None), None)
+
+    @property
+    def healthz(self) -> str:
+        """/healthz of the first running replica."""
+        return next(r for r in self.replicas if r.pid is not None).healthz
+
+    def check_alive(self) -> None:
+        """Fail with the log tail if a replica exited on its own."""
+        for replica in self.replicas:
+            replica.check_alive()
+
+    def kill(self) -> None:
+        """SIGKILL every replica: the operator is down."""
+        for replica in self.replicas:
+            if replica.pid is not None:
+                replica.kill()
+
+    def close(self) -> None:
+        """Stop every replica."""
+        for replica in self.replicas:
+            replica.close()
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of every replica's log."""
+        return "\n".join(f"--- replica {r.replica} ---\n{r.log_tail(lines)}" for r in self.replicas)
+
+    def log(self) -> str:
+        """Every replica's whole log."""
+        return "\n".join(r.log() for r in self.replicas)
 
 
 class InClusterOperator:
@@ -229,4 +334,4 @@ class InClusterOperator:
         return self.log_tail(100_000)
 
 
-Operator = LocalOperator | InClusterOperator
+Operator = LocalOperators | InClusterOperator

@@ -4,10 +4,9 @@ probe -> Ready -> pool Ready -> an /encode sent to an address from the headless 
 EndpointSlice returns an embedding. And a pool whose model path is wrong never becomes Ready.
 
 examples/encoderpool-cpu.yaml is applied with, on the local node only: a tiny checkpoint built
-here as spec.model (the images bake one in at the example's path), local-node placement through
-spec.nodeSelector/spec.tolerations (the operator copies them to the pods), and the cache
-directories pointed at a temp dir through spec.env (the local node has no volumes, so the pod's
-emptyDir paths under /cache would otherwise be the host's).
+here as spec.model (the images bake one in at the example's path) and local-node placement
+through spec.nodeSelector/spec.tolerations (the operator copies them to the pods). The pod's
+emptyDirs (/tmp, /cache) are directories of the pod on the local node.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from typing import Any
 import httpx
 import pytest
 
-from encoderpool_operator.podenv import CACHE_DIR, CACHE_ENV
 from tests.e2e.cluster import LOCAL_NODE_NAME, Cluster, local_node_placement
 from tests.e2e.cluster.api import wait_for
 from tests.e2e.cluster.objects import condition, pod_ready
@@ -41,7 +39,7 @@ NAME = load_example(EXAMPLE)["metadata"]["name"]
 # Model load on a busy 2-core machine (torch imported by the front and two data-parallel workers)
 # plus the startup probe's 10 s period; on kind, container start too.
 READY_SECONDS = 240.0
-PROBE_PATH = "/health_generate"
+PROBE_PATH = "/health"
 # A 32x32 PNG (the same as `make run` prints).
 PNG_B64 = ("iVBORw0KGgoAAAANSUhEUgAAACAAAAAgCAIAAAD8GO2jAAAAKklEQVR42u3NMQEAAAQAMATRP4pYSvBtBZbTHZ8q"
            "ngkEAoFAIBAIBIIrC+AFAUQz669uAAAAAElFTkSuQmCC")
@@ -62,11 +60,9 @@ def cpu_pool_manifest(k8s_cluster: Cluster, tmp_path_factory: pytest.TempPathFac
                             "--out", str(model)], capture_output=True, text=True, timeout=300,
                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert built.returncode == 0, built.stderr
-    cache = tmp_path_factory.mktemp("pod-cache")
     spec = manifest["spec"]
     spec["model"] = str(model)
     spec.update(local_node_placement())
-    spec["env"] = [{"name": k, "value": v.replace(CACHE_DIR, str(cache), 1)} for k, v in CACHE_ENV.items()]
     return manifest
 
 

@@ -28,7 +28,7 @@ def test_helm_install_establishes_the_crd_and_the_operator_deployment(
     assert crd["spec"]["names"]["shortNames"] == ["encpool"]
     assert crd["spec"]["versions"][0]["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
     # The chart's Deployment is valid and schedulable (on the local control plane kwok "runs" it).
-    assert deployment["status"].get("availableReplicas") == 1
+    assert deployment["status"].get("availableReplicas") == chart_install.replicas == 2
     # kubectl resolves the short name through discovery: what users type works.
     assert k8s_cluster.kubectl("get", "encpool", "-A").returncode == 0
 

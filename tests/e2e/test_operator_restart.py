@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.operator_harness import LocalOperator, Operator
+from tests.e2e.operator_harness import LocalOperators, Operator
 from tests.e2e.pools import EXAMPLES, Pools, load_example, owner_uids, pool_ready
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("gpu_nodes")]
@@ -17,23 +17,23 @@ NAME = load_example("encoderpool.yaml")["metadata"]["name"]
 
 
 @pytest.fixture
-def killable_operator(encoderpool_operator: Operator) -> Iterator[LocalOperator]:
-    """The session's operator, if it is a local process; running again after the test."""
-    if not isinstance(encoderpool_operator, LocalOperator):
+def killable_operator(encoderpool_operator: Operator) -> Iterator[LocalOperators]:
+    """The session's operator replicas, if they are local processes; running again after the test."""
+    if not isinstance(encoderpool_operator, LocalOperators):
         pytest.skip("kills the operator process; on an external cluster the operator is the chart's Deployment")
     try:
         yield encoderpool_operator
     finally:
-        if encoderpool_operator.pid is None:
-            encoderpool_operator.start()
+        encoderpool_operator.start()  # the replicas not running
 
 
 def test_operator_killed_mid_reconcile_converges_after_restart_without_duplicates(
-        pools: Pools, killable_operator: LocalOperator) -> None:
+        pools: Pools, killable_operator: LocalOperators) -> None:
     pools.apply(EXAMPLES / "encoderpool.yaml")
-    # The Service is the first child the operator applies: kill the operator as soon as it exists.
+    # The StatefulSet is the first child the operator applies: kill every replica (leader and
+    # standby) as soon as it exists, so nobody runs while the pool changes.
     deadline = time.monotonic() + 30
-    while pools.child("Service", NAME) is None:
+    while pools.child("StatefulSet", NAME) is None:
         assert time.monotonic() < deadline, pools.diagnose(NAME)
         time.sleep(0.01)
     killable_operator.kill()

@@ -13,12 +13,17 @@ import socket
 from pathlib import Path
 
 from .binaries import Binaries
-from .pki import Pki
+from .pki import FRONT_PROXY_CLIENT, Pki
 
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 KWOK_POD_CIDR = "10.244.0.1/16"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+# StatefulSet maxUnavailable is beta and off by default in 1.35; on here so that spec.rollout's
+# maxUnavailable can be tested (the operator also reports clusters where it is off).
+FEATURE_GATES = "MaxUnavailableStatefulSet=true"
+# The HPA controller's loop: 15 s by default; short so that autoscaling tests take seconds.
+HPA_SYNC_PERIOD = "2s"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +92,18 @@ def apiserver_argv(binaries: Binaries, ports: Ports, pki: Pki) -> list[str]:
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
         # No real endpoints for the "kubernetes" Service: nothing in a pod can route to it anyway.
         "--endpoint-reconciler-type=none",
+        # The aggregation layer, for APIServices (a custom metrics API in the autoscaling tests):
+        # the front-proxy CA and client cert, and routing to endpoint IPs (there is no kube-proxy,
+        # so a Service's cluster IP leads nowhere).
+        f"--requestheader-client-ca-file={pki.front_proxy_ca}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki.proxy_client_cert}",
+        f"--proxy-client-key-file={pki.proxy_client_key}",
+        "--enable-aggregator-routing=true",
+        f"--feature-gates={FEATURE_GATES}",
         "--profiling=false",
         "--v=1",
     ]
@@ -113,6 +130,8 @@ def controller_manager_argv(binaries: Binaries, ports: Ports, pki: Pki, kubeconf
         "--controllers=*",
         f"--service-account-private-key-file={pki.service_account_key}",
         f"--root-ca-file={pki.ca_cert}",
+        f"--feature-gates={FEATURE_GATES}",
+        f"--horizontal-pod-autoscaler-sync-period={HPA_SYNC_PERIOD}",
     ]
 
 

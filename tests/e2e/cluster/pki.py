@@ -1,5 +1,6 @@
 """Throwaway credentials for one local cluster: a CA, the API server's serving cert, the
-service-account signing key and a static admin token.
+service-account signing key, a static admin token, and the aggregation layer's front-proxy CA
+and client cert (kube-apiserver proxies API groups served by APIServices with it).
 
 openssl (present on every machine of this kind) does the crypto, so the test venv needs no
 ``cryptography`` wheel. Everything is valid for two days and lives in the cluster's temp dir.
@@ -13,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 ADMIN_USER = "encoderpool-e2e-admin"
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 _SERVER_EXTENSIONS = """\
 basicConstraints = critical, CA:FALSE
@@ -36,6 +38,9 @@ class Pki:
     service_account_key: Path
     token_file: Path
     admin_token: str
+    front_proxy_ca: Path
+    proxy_client_cert: Path
+    proxy_client_key: Path
 
 
 def _openssl(*args: str | Path) -> None:
@@ -56,6 +61,9 @@ def create_pki(directory: Path) -> Pki:
         service_account_key=directory / "sa.key",
         token_file=directory / "tokens.csv",
         admin_token=secrets.token_hex(24),
+        front_proxy_ca=directory / "front-proxy-ca.crt",
+        proxy_client_cert=directory / "front-proxy-client.crt",
+        proxy_client_key=directory / "front-proxy-client.key",
     )
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
              "-subj", "/CN=encoderpool-e2e-ca", "-keyout", pki.ca_key, "-out", pki.ca_cert)
@@ -68,8 +76,25 @@ def create_pki(directory: Path) -> Pki:
              "-CAcreateserial", "-days", "2", "-extfile", extensions, "-out", pki.server_cert)
     # One RSA key both signs (controller-manager, apiserver TokenRequest) and verifies SA tokens.
     _openssl("genrsa", "-out", pki.service_account_key, "2048")
+    _front_proxy(directory, pki)
     # Static token auth: system:masters bypasses RBAC, which is what an admin kubeconfig means.
     pki.token_file.write_text(f'{pki.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
-    for path in (pki.ca_key, pki.server_key, pki.service_account_key, pki.token_file):
+    for path in (pki.ca_key, pki.server_key, pki.service_account_key, pki.token_file, pki.proxy_client_key):
         path.chmod(0o600)
     return pki
+
+
+def _front_proxy(directory: Path, pki: Pki) -> None:
+    """The aggregation layer's CA and the client cert kube-apiserver presents to extension servers."""
+    ca_key = directory / "front-proxy-ca.key"
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+             "-subj", "/CN=encoderpool-e2e-front-proxy-ca", "-keyout", ca_key, "-out", pki.front_proxy_ca)
+    csr = directory / "front-proxy-client.csr"
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={FRONT_PROXY_CLIENT}",
+             "-keyout", pki.proxy_client_key, "-out", csr)
+    extensions = directory / "front-proxy-client.ext"
+    extensions.write_text("basicConstraints = critical, CA:FALSE\nkeyUsage = critical, digitalSignature, "
+                          "keyEncipherment\nextendedKeyUsage = clientAuth\n")
+    _openssl("x509", "-req", "-in", csr, "-CA", pki.front_proxy_ca, "-CAkey", ca_key, "-CAcreateserial",
+             "-days", "2", "-extfile", extensions, "-out", pki.proxy_client_cert)
+    ca_key.chmod(0o600)

@@ -115,6 +115,10 @@ class ManagedProcess:
         """Exit code, or None while running."""
         return self._proc.poll()
 
+    def send_signal(self, signum: int) -> None:
+        """Signal the whole group (a container's SIGTERM reaches every process in it)."""
+        self._signal_group(signum)
+
     def stop(self, grace: float = 5.0) -> int | None:
         """SIGTERM the group, SIGKILL it after ``grace`` seconds; return the exit code."""
         pgid = self._proc.pid

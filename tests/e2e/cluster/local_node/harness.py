@@ -205,7 +205,9 @@ class LocalNode:
             return
         if pod["metadata"].get("deletionTimestamp"):
             if runner is not None:
-                runner.stop(finalize=True)
+                grace = pod["metadata"].get("deletionGracePeriodSeconds",
+                                            pod["spec"].get("terminationGracePeriodSeconds", 30))
+                runner.terminate(float(grace))
             else:  # nothing running (finished pod, or one from before we started): just finish it
                 body = {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}}
                 try:

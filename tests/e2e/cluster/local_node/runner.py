@@ -1,14 +1,20 @@
 """One pod on the local node: its init containers and first container as host processes, its
-probes, restarts with back-off, and its status written through the API (a kubelet in miniature).
+volumes as directories, probes, restarts with back-off, graceful termination, and its status
+written through the API (a kubelet in miniature).
 
 Each pod gets its own thread. The thread owns the pod's processes from start to stop and is the
 only writer of that pod's status, so no locking is needed around the pod's state.
+
+Termination, as the kubelet does it: on deletion the preStop hook runs (readiness probes and
+status go on meanwhile), then SIGTERM goes to the process group, then SIGKILL once the pod's
+grace period (counted from the deletion) is over; only then is the pod object finalized.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -19,7 +25,8 @@ import httpx
 
 from ..api import ApiClient, ApiError, path_for
 from ..procs import ManagedProcess, Reaper
-from . import podspec
+from . import podspec, volumes
+from .lifecycle import PreStop
 from .probes import ProbeWorker, parse_probe, run_probe
 from .status import ConditionClock, ContainerView, now_rfc3339, pod_status_patch
 
@@ -40,7 +47,8 @@ class RunnerSettings:
     base_env: Mapping[str, str]
     node_allocatable: Mapping[str, str]
     backoff_base: float = 10.0
-    max_stop_grace: float = 10.0
+    max_stop_grace: float = 10.0  # kills for restarts and teardown
+    max_termination_grace: float = 300.0  # a pod's own grace period, bounded so a test cannot hang
 
 
 @dataclasses.dataclass
@@ -66,6 +74,8 @@ class PodRunner(threading.Thread):
         self._settings = settings
         self._on_exit = on_exit
         self._stop_event = threading.Event()
+        self._terminate = threading.Event()
+        self._grace = 30.0
         self._finalize = False
         self._phase = "Pending"
         self._start_time = now_rfc3339()
@@ -92,6 +102,22 @@ class PodRunner(threading.Thread):
         self._finalize = self._finalize or finalize
         self._stop_event.set()
 
+    def _interrupted(self, seconds: float | None = None) -> bool:
+        """Wait ``seconds`` (None: for ever) unless stopped or deleted first; True if interrupted."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while deadline is None or time.monotonic() < deadline:
+            if self._stop_event.wait(0.1) or self._terminate.is_set():
+                return True
+        return False
+
+    def terminate(self, grace: float) -> None:
+        """The pod was deleted: preStop, SIGTERM, SIGKILL after ``grace`` seconds, then finalize."""
+        if self._terminate.is_set():
+            return
+        self._grace = min(max(grace, 0.0), self._settings.max_termination_grace)
+        self._finalize = True
+        self._terminate.set()
+
     def run(self) -> None:
         """Thread body: run the pod, always kill its processes, then report back."""
         api = self._settings.api_factory()
@@ -114,7 +140,7 @@ class PodRunner(threading.Thread):
         except (podspec.ContainerConfigError, ValueError, KeyError) as err:
             self._main.view.set_waiting("CreateContainerConfigError", str(err))
             self._publish(api)
-            self._stop_event.wait()
+            self._interrupted()
             return
         for init in self._inits:
             if not self._run_to_completion(api, init):
@@ -131,11 +157,20 @@ class PodRunner(threading.Thread):
                 return None
             return podspec.decode_secret_data(obj.get("data")) if kind == "Secret" else obj.get("data") or {}
 
+        def claim_dir(namespace: str, claim: str) -> str | None:
+            pvc = api.get_or_none(path_for("v1", "persistentvolumeclaims", namespace, claim))
+            bound = ((pvc or {}).get("spec") or {}).get("volumeName")
+            pv = api.get_or_none(path_for("v1", "persistentvolumes", name=bound)) if bound else None
+            source = (pv or {}).get("spec") or {}
+            return (source.get("hostPath") or source.get("local") or {}).get("path")
+
+        mounts = volumes.container_mounts(container.spec, volumes.volume_dirs(self.pod, self._dir, claim_dir))
+        volumes.prepare(mounts)
         env = podspec.resolve_env(self.pod, container.spec, self.pod_ip, self._settings.host_ip, lookup,
                                   self._settings.node_allocatable)
-        container.argv = podspec.container_argv(container.spec, env, self.pod_ip)
+        container.argv = [volumes.translate(a, mounts) for a in podspec.container_argv(container.spec, env, self.pod_ip)]
         container.env = {**self._settings.base_env, "HOSTNAME": self.pod["metadata"]["name"],
-                         **podspec.container_env(env, self.pod_ip)}
+                         **{k: volumes.translate(v, mounts) for k, v in podspec.container_env(env, self.pod_ip).items()}}
         for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
             parse_probe(container.spec.get(kind), container.spec)  # fail early on a bad probe
 
@@ -164,7 +199,7 @@ class PodRunner(threading.Thread):
                 continue
             self._publish(api)
             while proc.poll() is None:
-                if self._stop_event.wait(0.1):
+                if self._stop_event.wait(0.1) or self._terminate.is_set():
                     proc.stop(self._stop_grace())
                     return False
             code = _exit_code(proc.poll())
@@ -177,7 +212,7 @@ class PodRunner(threading.Thread):
 
     def _run_main(self, api: ApiClient) -> None:
         """Run the first container, restarting it per restartPolicy, until stopped."""
-        while not self._stop_event.is_set():
+        while not self._stop_event.is_set() and not self._terminate.is_set():
             outcome = self._run_once(api)
             if outcome is None:
                 return
@@ -191,7 +226,7 @@ class PodRunner(threading.Thread):
         if policy == "Never" or (policy == "OnFailure" and terminated["exitCode"] == 0):
             self._phase = "Succeeded" if terminated["exitCode"] == 0 else "Failed"
             self._publish(api)
-            self._stop_event.wait()
+            self._interrupted()
             return False
         view.restart_count += 1
         view.last_state = {"terminated": terminated}
@@ -200,7 +235,7 @@ class PodRunner(threading.Thread):
         view.set_waiting("CrashLoopBackOff", f"back-off {backoff:g}s restarting failed container={view.name} "
                                              f"pod={meta['name']}_{meta['namespace']}({self.uid})")
         self._publish(api)
-        return not self._stop_event.wait(backoff)
+        return not self._interrupted(backoff)
 
     def _run_once(self, api: ApiClient) -> tuple[int, str, str] | None:
         """Start the container and probe it until it exits (code, message, reason) or we stop (None)."""
@@ -217,6 +252,9 @@ class PodRunner(threading.Thread):
         view.ready = view.started and "readinessProbe" not in workers
         self._publish(api)
         while not self._stop_event.wait(0.1):
+            if self._terminate.is_set():
+                self._graceful_stop(api, proc, workers)
+                return None
             code = proc.poll()
             if code is not None:
                 return _exit_code(code), proc.log_tail(5) if code else "", ""
@@ -227,10 +265,37 @@ class PodRunner(threading.Thread):
         proc.stop(self._stop_grace())
         return None
 
-    def _probe_step(self, workers: dict[str, ProbeWorker]) -> str:
-        """Run due probes, update the view; return a message if the container must be killed."""
+    def _graceful_stop(self, api: ApiClient, proc: ManagedProcess, workers: dict[str, ProbeWorker]) -> None:
+        """preStop, SIGTERM, SIGKILL at the end of the grace period; readiness is probed throughout."""
+        deadline = time.monotonic() + self._grace
+        hook = PreStop(self._main.spec, self.pod_ip, self._main.env, self._grace)
+        hook.start()
+        signalled = False
+        while proc.poll() is None and time.monotonic() < deadline and not self._stop_event.is_set():
+            if not signalled and not hook.is_alive():
+                log.info("local node: %s: preStop %s; SIGTERM", self.name, hook.outcome)
+                proc.send_signal(signal.SIGTERM)
+                signalled = True
+            self._probe_step(workers, readiness_only=True)
+            self._publish(api)
+            time.sleep(0.1)
+        hook.cancel.set()
+        killed = proc.poll() is None
+        code = _exit_code(proc.stop(0.5))
+        log.info("local node: %s stopped %.1fs after its deletion (%s, exit code %d)", self.name,
+                 self._grace - max(deadline - time.monotonic(), 0.0), "SIGKILL at the grace period" if killed
+                 else "exited", code)
+        self._main.view.set_terminated(code, "" if code == 0 else proc.log_tail(5))
+        self._publish(api)
+
+    def _probe_step(self, workers: dict[str, ProbeWorker], readiness_only: bool = False) -> str:
+        """Run due probes, update the view; return a message if the container must be killed.
+
+        A terminating pod only keeps its readiness probe (the kubelet stops the others).
+        """
         view = self._main.view
-        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        kinds = ("readinessProbe",) if readiness_only else ("startupProbe", "readinessProbe", "livenessProbe")
+        for kind in kinds:
             worker = workers.get(kind)
             # The startup probe runs until it succeeds; the others only after that (kubelet rule).
             if worker is None or not worker.due() or view.started != (kind != "startupProbe"):
