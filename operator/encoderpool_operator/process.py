@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import threading
 import uuid
@@ -45,16 +46,21 @@ def lease_namespace(settings: OperatorSettings) -> str:
             or (settings.namespaces[0] if settings.namespaces else "default"))
 
 
-def _exit_soon(stop: threading.Event) -> None:
-    """Stop kopf, and leave for good if it has not stopped in time: a replica without the Lease must not act."""
-    stop.set()
+def _exit_soon() -> None:
+    """Stop kopf, and leave for good if it has not stopped in time: a replica without the Lease must not act.
+
+    kopf is stopped the way a kubelet stops it, by SIGTERM to this process: kopf's stop flags
+    (threading.Event, concurrent Future) each park an executor thread that never returns when kopf
+    stops for another reason, which then holds up the interpreter's exit.
+    """
     timer = threading.Timer(LOST_LEASE_EXIT_SECONDS, os._exit, args=(LOST_LEASE_EXIT_CODE,))
     timer.daemon = True
     timer.start()
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
-def run_kopf(settings: OperatorSettings, client: KubeClient, metrics: OperatorMetrics, stop: threading.Event) -> None:
-    """kopf with the engine and the watch cache, until ``stop`` is set or a signal arrives."""
+def run_kopf(settings: OperatorSettings, client: KubeClient, metrics: OperatorMetrics) -> None:
+    """kopf with the engine and the watch cache, until a signal stops it."""
     cache = WatchCache()
     engine = Engine(client, settings, snapshot=cache.snapshot, metrics=metrics)
     kopf.run(
@@ -64,7 +70,6 @@ def run_kopf(settings: OperatorSettings, client: KubeClient, metrics: OperatorMe
         standalone=True,
         clusterwide=settings.clusterwide,
         namespaces=settings.namespaces,
-        stop_flag=stop,
     )
 
 
@@ -82,7 +87,7 @@ def run(settings: OperatorSettings) -> None:
         # Said once here instead of by urllib3 on every request.
         log.warning("the kubeconfig disables TLS verification of the API server")
         urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-    stop, lost = threading.Event(), threading.Event()
+    standby_stop, lost = threading.Event(), threading.Event()
     elector = (LeaderElector(client, settings, identity(settings), lease_namespace(settings), metrics)
                if settings.leader_election else None)
     server = StatusServer(settings.liveness_port, metrics, healthy=lambda: not lost.is_set()) \
@@ -92,13 +97,14 @@ def run(settings: OperatorSettings) -> None:
         if server is not None:
             server.start()
         if elector is not None:
-            if not elector.acquire(stop):
+            if not elector.acquire(standby_stop):
                 return
-            elector.start_renewing(stop, on_lost=lambda: (lost.set(), _exit_soon(stop)))
+            elector.start_renewing(standby_stop, on_lost=lambda: (lost.set(), _exit_soon()))
         else:
             metrics.leader.set(1)
-        run_kopf(settings, client, metrics, stop)
+        run_kopf(settings, client, metrics)
     finally:
+        standby_stop.set()  # ends the renewals
         if elector is not None and not lost.is_set():
             elector.release()
         if server is not None:

@@ -274,14 +274,32 @@ class LocalOperators:
         for replica in self.replicas:
             replica.check_alive()
 
+    def standbys(self) -> list[LocalOperator]:
+        """The running replicas that do not hold the Lease."""
+        leader = self.leader()
+        return [r for r in self.replicas if r.pid is not None and r is not leader]
+
+    def reload(self, install: ChartInstall) -> None:
+        """Stop every replica and start them again with what ``install`` renders (after a helm upgrade)."""
+        self.stop()
+        self.install = install
+        for replica in self.replicas:
+            replica.install = install
+        self.start()
+
     def kill(self) -> None:
         """SIGKILL every replica: the operator is down."""
         for replica in self.replicas:
             if replica.pid is not None:
                 replica.kill()
 
+    def stop(self) -> None:
+        """Stop every replica (SIGTERM: a leader releases its Lease); they can be started again."""
+        for replica in self.replicas:
+            replica.stop()
+
     def close(self) -> None:
-        """Stop every replica."""
+        """Stop every replica for good (their reapers too)."""
         for replica in self.replicas:
             replica.close()
 
