@@ -151,21 +151,3 @@ def test_value_from_is_passed_through(make_pool: Callable[..., Pool]) -> None:
     spec = make_pool({"model": "/m", "env": [{"name": "HF_TOKEN", "valueFrom": ref}]}).spec
     assert container_env(spec)[-1] == {"name": "HF_TOKEN", "valueFrom": ref}
 
-
-def _pod_exit_codes() -> Any:
-    try:
-        from encoder_pod import exitcodes
-    except ImportError:
-        return None
-    return exitcodes
-
-
-@pytest.mark.xfail(_pod_exit_codes() is None, strict=True,
-                   reason="waits for encoder_pod/exitcodes.py (the pod's exit-code enum, shared INTERFACES.md)")
-def test_the_model_load_exit_code_is_the_pods_own() -> None:
-    """The operator reports ModelLoadFailed from exit code 3; the pod must mean the same by it."""
-    from encoderpool_operator.podstate import MODEL_LOAD_EXIT_CODE
-
-    exitcodes = _pod_exit_codes()
-    assert exitcodes is not None
-    assert int(exitcodes.ExitCode.MODEL_LOAD_FAILED) == MODEL_LOAD_EXIT_CODE
