@@ -45,6 +45,27 @@ def contains(live: Any, want: Any) -> bool:
     return _same_scalar(live, want)
 
 
+def first_difference(live: Any, want: Any, path: str = "") -> str | None:
+    """The first path where ``live`` does not hold ``want`` (for logs), or None."""
+    if isinstance(want, dict) and isinstance(live, dict):
+        for key, value in want.items():
+            if key not in live:
+                if value not in ZERO_VALUES:
+                    return f"{path}.{key}"
+                continue
+            found = first_difference(live[key], value, f"{path}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(want, list) and isinstance(live, list) and all(isinstance(i, dict) for i in want):
+        for i, item in enumerate(want):
+            if not any(contains(other, item) for other in live if isinstance(other, dict)):
+                match = live[i] if i < len(live) else None
+                return first_difference(match, item, f"{path}[{i}]") or f"{path}[{i}]"
+        return None
+    return None if contains(live, want) else (path or ".")
+
+
 def applied_hash(obj: dict[str, Any] | None) -> str | None:
     """The manifest hash a live child carries, if any."""
     return ((obj or {}).get("metadata") or {}).get("annotations", {}).get(names.MANIFEST_HASH_ANNOTATION)

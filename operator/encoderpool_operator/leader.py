@@ -47,7 +47,8 @@ class LeaderElector:
     """One replica's side of the election."""
 
     def __init__(self, client: LeaseClient, settings: OperatorSettings, identity: str, namespace: str,
-                 metrics: OperatorMetrics | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 metrics: OperatorMetrics | None = None, clock: Callable[[], float] = time.monotonic,
+                 pause: Callable[[float], bool] | None = None) -> None:
         self.client = client
         self.settings = settings
         self.identity = identity
@@ -57,6 +58,10 @@ class LeaderElector:
         self._observed: tuple[Any, ...] | None = None  # (holder, renewTime) as last seen
         self._observed_at = 0.0
         self._last_renew = 0.0
+        self._renewer: threading.Thread | None = None
+        self._renewing = threading.Event()
+        # Waits between renewals; True when release() asked the renewals to end.
+        self._pause = pause or self._renewing.wait
         self.leading = False
 
     @property
@@ -128,7 +133,7 @@ class LeaderElector:
 
     def renew_forever(self, stop: threading.Event, on_lost: Callable[[], None]) -> None:
         """Renew until ``stop``; call ``on_lost`` once the renew deadline passes without a renewal."""
-        while not stop.wait(self.settings.retry_period_seconds):
+        while not self._pause(self.settings.retry_period_seconds) and not stop.is_set():
             try:
                 renewed = self.try_acquire_or_renew()
             except ApiError as exc:
@@ -145,11 +150,19 @@ class LeaderElector:
     def start_renewing(self, stop: threading.Event, on_lost: Callable[[], None]) -> threading.Thread:
         """Renew in a daemon thread."""
         thread = threading.Thread(target=self.renew_forever, args=(stop, on_lost), name="lease-renew", daemon=True)
+        self._renewer = thread
         thread.start()
         return thread
 
     def release(self) -> None:
-        """Hand the Lease back (holder cleared), so a standby takes over at once."""
+        """Hand the Lease back (holder cleared), so a standby takes over at once.
+
+        The renewals stop first: a renewal racing the release would take the Lease back for a
+        process that is on its way out, and the standby would wait out the whole lease duration.
+        """
+        self._renewing.set()
+        if self._renewer is not None:
+            self._renewer.join(timeout=self.settings.renew_deadline_seconds)
         if not self.leading:
             return
         self.leading = False

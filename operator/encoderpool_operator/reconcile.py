@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from encoderpool_operator import names, status
 from encoderpool_operator.children import KINDS, OPTIONAL_KINDS, Desired, desired_children
 from encoderpool_operator.conditions import merge_patch
-from encoderpool_operator.diff import applied_hash, up_to_date
+from encoderpool_operator.diff import applied_hash, first_difference, up_to_date, without
 from encoderpool_operator.errors import ConflictError, InvalidSpecError, NotFoundError, RejectedError
 from encoderpool_operator.settings import OperatorSettings
 from encoderpool_operator.spec import Pool, identity, parse_pool
@@ -133,6 +133,17 @@ def _apply_one(client: Client, pool: Pool, manifest: dict[str, Any], dry_run: bo
     return client.apply(manifest)
 
 
+def why_apply(live: dict[str, Any] | None, manifest: dict[str, Any]) -> str:
+    """Why a child is written: for the log, which is how a person tells a spec change from drift."""
+    if live is None:
+        return "missing"
+    unstamped = without(manifest, (("metadata", "annotations", names.MANIFEST_HASH_ANNOTATION),))
+    where = first_difference(live, unstamped) or "a field left out"
+    if applied_hash(live) != applied_hash(manifest):
+        return f"the spec changed it (first at {where})"
+    return f"a field the operator owns was edited (drift at {where})"
+
+
 def ignored_paths(previous: dict[str, Any]) -> tuple[tuple[str, ...], ...]:
     """Manifest paths the cluster is known to drop (from the last status), not to be re-applied."""
     return (MAX_UNAVAILABLE_PATH,) if MAX_UNAVAILABLE_FIELD in (previous.get("ignoredFields") or []) else ()
@@ -146,6 +157,8 @@ def apply_children(client: Client, pool: Pool, desired: Desired, live: dict[str,
     ignore = ignored_paths(pool.status)
     changed = [m for m in desired.manifests if not up_to_date(live.get(m["kind"]), m, ignore)]
     for manifest in changed:
+        log.info("%s %s/%s: %s; applying", manifest["kind"], pool.namespace, manifest["metadata"]["name"],
+                 why_apply(live.get(manifest["kind"]), manifest))
         _apply_one(client, pool, manifest, dry_run=True)
     now = dict(live)
     for manifest in changed:

@@ -116,7 +116,9 @@ def test_cpu_pool_becomes_ready_only_after_the_encode_probe_passes(k8s_cluster: 
     # not yet passed, and the pool said Starting with no ready replica all that time.
     loading = [s for s in timeline if s.container_running and not s.pod_ready]
     assert loading, f"never saw the pod running but unready: {timeline[-5:]}"
-    assert all(s.reason == "Starting" and s.ready_replicas == 0 for s in loading), set(loading)
+    # (WaitingForStatefulSet can still show for the moment the StatefulSet controller takes to report.)
+    assert all(s.reason in ("Starting", "WaitingForStatefulSet") and s.ready_replicas == 0 for s in loading), set(loading)
+    assert loading[-1].reason == "Starting", loading[-1]
     assert not any(s.reason == "Ready" for s in timeline)
 
     [pod] = pools.pods(NAME)

@@ -80,9 +80,15 @@ def test_spec_change_rolls_pods_and_counts_only_new_revision_pods_as_updated(
     k8s_cluster.kubectl("cordon", *nodes)
     try:
         pools.kubectl("patch", "encpool", NAME, "--type=merge", "-p", '{"spec":{"batching":{"maxBatchSize":8}}}')
-        pool = pools.wait(NAME, lambda p: p["status"].get("observedGeneration") == p["metadata"]["generation"]
-                          and p["status"]["updatedReplicas"] == 1 and p["status"]["replicas"] == 2,
-                          READY_SECONDS, "mid-rollout (one pod on the new revision)")
+        # Status follows the watches: wait until it describes the StatefulSet's new update revision.
+        def mid_rollout(p: dict[str, Any]) -> bool:
+            sts_revision = (pools.child("StatefulSet", NAME) or {}).get("status", {}).get("updateRevision")
+            return (p["status"].get("observedGeneration") == p["metadata"]["generation"]
+                    and p["status"].get("updateRevision") == sts_revision != old_revision
+                    and p["status"]["updatedReplicas"] == 1 and p["status"]["replicas"] == 2
+                    and (condition(p, "Progressing") or {}).get("reason") == "RollingUpdate")
+
+        pool = pools.wait(NAME, mid_rollout, READY_SECONDS, "mid-rollout (one pod on the new revision)")
         new_revision = pools.child("StatefulSet", NAME)["status"]["updateRevision"]  # type: ignore[index]
         assert new_revision != old_revision
         by_revision = {p["metadata"]["name"]: (p["metadata"]["labels"][REVISION], pod_ready(p))

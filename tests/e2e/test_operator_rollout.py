@@ -55,6 +55,15 @@ def cordon(k8s_cluster: Cluster) -> Iterator[Any]:
             do(False)
 
 
+def caught_up(pools: Pools, pool: dict[str, Any]) -> bool:
+    """The pool's status describes its generation and the StatefulSet's current update revision
+    (status follows the watches: for a moment after a change it can describe the step before)."""
+    sts = pools.child("StatefulSet", pool["metadata"]["name"]) or {}
+    status = pool.get("status") or {}
+    return (status.get("observedGeneration") == pool["metadata"]["generation"]
+            and status.get("updateRevision") == (sts.get("status") or {}).get("updateRevision"))
+
+
 def revisions(pools: Pools, name: str) -> dict[str, tuple[str, bool]]:
     return {p["metadata"]["name"]: (p["metadata"]["labels"][REVISION], pod_ready(p)) for p in pools.pods(name)}
 
@@ -70,9 +79,8 @@ def test_max_unavailable_replaces_several_pods_at_once(pools: Pools, cordon: Any
     old = pools.child("StatefulSet", "wide")["status"]["updateRevision"]  # type: ignore[index]
     cordon()
     pools.kubectl("patch", "encpool", "wide", "--type=merge", "-p", '{"spec":{"batching":{"maxBatchSize":4}}}')
-    pool = pools.wait("wide", lambda p: p["status"].get("observedGeneration") == p["metadata"]["generation"]
-                      and p["status"].get("updatedReplicas") == 2 and p["status"].get("replicas") == 4,
-                      READY_SECONDS, "with two pods replaced at once")
+    pool = pools.wait("wide", lambda p: caught_up(pools, p) and p["status"].get("updatedReplicas") == 2
+                      and p["status"].get("replicas") == 4, READY_SECONDS, "with two pods replaced at once")
     new = pool["status"]["updateRevision"]
     assert revisions(pools, "wide") == {"wide-0": (old, True), "wide-1": (old, True),
                                         "wide-2": (new, False), "wide-3": (new, False)}

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from encoderpool_operator.children import stamped
-from encoderpool_operator.diff import contains, up_to_date, without
+from encoderpool_operator.diff import contains, first_difference, up_to_date, without
 
 pytestmark = pytest.mark.unit
 
@@ -84,3 +84,10 @@ def test_known_dropped_fields_can_be_ignored() -> None:
     assert up_to_date(live, want, (path,))
     assert "maxUnavailable" in want["spec"]["updateStrategy"]["rollingUpdate"], "without() copies"
     assert without(want, (path,))["spec"]["updateStrategy"]["rollingUpdate"] == {}
+
+
+def test_the_first_difference_names_the_field() -> None:
+    live = live_copy()
+    live["spec"]["ports"][0]["port"] = 8080
+    assert first_difference(live, WANT) == ".spec.ports[0].port"
+    assert first_difference(live_copy(), WANT) is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -96,7 +97,12 @@ def test_a_renewing_leader_is_never_replaced() -> None:
 
 def test_a_leader_that_cannot_renew_gives_up_before_anyone_may_take_over() -> None:
     store, clock = LeaseStore(), Clock()
-    a = elector(store, "a", clock)
+
+    def pause(seconds: float) -> bool:  # each pause is one retry period on the fake clock
+        clock.now += seconds
+        return False
+
+    a = LeaderElector(store, SETTINGS, "a", "ops", None, clock, pause)
     a.try_acquire_or_renew()
 
     def refuse(*_: Any) -> Any:
@@ -104,16 +110,7 @@ def test_a_leader_that_cannot_renew_gives_up_before_anyone_may_take_over() -> No
 
     store.get = refuse  # type: ignore[method-assign]
     lost = threading.Event()
-    stop = threading.Event()
-    ticks = iter(range(100))
-
-    def wait(_: float) -> bool:  # each wait is one retry period on the fake clock
-        clock.now += SETTINGS.retry_period_seconds
-        next(ticks)
-        return stop.is_set()
-
-    stop.wait = wait  # type: ignore[method-assign]
-    a.renew_forever(stop, lost.set)
+    a.renew_forever(threading.Event(), lost.set)
     assert lost.is_set() and not a.leading
     assert clock.now - 1000.0 <= SETTINGS.renew_deadline_seconds + SETTINGS.retry_period_seconds
     assert clock.now - 1000.0 < SETTINGS.lease_duration_seconds, "it stops before a standby may take over"
@@ -145,3 +142,17 @@ def test_two_standbys_racing_for_a_free_lease_cannot_both_win() -> None:
 def test_settings_refuse_a_renew_deadline_beyond_the_lease() -> None:
     with pytest.raises(ValueError, match="renew_deadline_seconds < lease_duration_seconds"):
         OperatorSettings.model_validate({"lease_duration_seconds": 10, "renew_deadline_seconds": 12})
+
+
+def test_release_stops_the_renewals_first() -> None:
+    """A renewal racing the release must not take the Lease back for a process on its way out."""
+    store, clock = LeaseStore(), Clock()
+    a = elector(store, "a", clock)
+    a.try_acquire_or_renew()
+    stop = threading.Event()
+    thread = a.start_renewing(stop, lambda: None)
+    a.release()
+    assert not thread.is_alive(), "release() waits for the renewing thread to end"
+    assert store.holder() == ""
+    time.sleep(SETTINGS.retry_period_seconds + 0.5)
+    assert store.holder() == "", "no renewal after the release"
