@@ -31,6 +31,13 @@ def test_helm_install_establishes_the_crd_and_the_operator_deployment(
     assert deployment["status"].get("availableReplicas") == chart_install.replicas == 2
     # kubectl resolves the short name through discovery: what users type works.
     assert k8s_cluster.kubectl("get", "encpool", "-A").returncode == 0
+    # kubectl explain describes the day-two fields from the CRD's own descriptions.
+    for field, words in (("spec.rollout.partition", "canary"), ("spec.autoscaling.metric", "encoder_queue_depth"),
+                         ("spec.podTemplate", "strategic"), ("spec.modelSource.cache", "PersistentVolumeClaim"),
+                         ("spec.drain.preStopSeconds", "preStop"), ("spec.sglang.registerURLs", "ENCODER_REGISTER_URLS"),
+                         ("status.revisions", "revision")):
+        explained = k8s_cluster.kubectl("explain", f"encpool.{field}").stdout
+        assert words in explained, f"kubectl explain encpool.{field}:\n{explained}"
 
 
 def test_operator_runs_with_the_chart_service_account_and_only_its_rights(
