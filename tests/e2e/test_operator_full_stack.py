@@ -173,4 +173,6 @@ def test_pool_with_a_wrong_model_path_never_becomes_ready(pools: Pools, cpu_pool
     assert ready["status"] == "False" and ready["reason"] == status["reason"]  # type: ignore[index]
     if status["reason"] == "ModelLoadFailed":  # exit code 3; the message quotes the pod's last words
         assert missing in status["message"], status["message"]
-    assert any(e["reason"] == status["reason"] and e["type"] == "Warning" for e in pools.events("wrong-path"))
+    # The Event is posted right after the status is written.
+    wait_for(lambda: any(e["reason"] == status["reason"] and e["type"] == "Warning" for e in pools.events("wrong-path")),
+             15, f"a Warning Event {status['reason']} on the pool")
