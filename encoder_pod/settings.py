@@ -81,7 +81,9 @@ class ModelSettings(SettingsGroup):
     """Which checkpoint, on which device and dtype."""
 
     model_path: str = ""
-    """Local checkpoint directory (config.json inside)."""
+    """Checkpoint directory (config.json inside), or a hub id org/name[@revision] resolved from the HF cache first."""
+    revision: str | None = None
+    """Hub revision (branch, tag or commit) of a hub id model path; @revision in the path says the same."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the encoder runs; auto picks cuda when available."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

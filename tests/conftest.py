@@ -33,3 +33,20 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path
         return out
 
     return build
+
+
+@pytest.fixture(scope="session")
+def tiny_full_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``tiny_full_model(arch)`` -> a tiny whole (sharded, indexed) checkpoint of that family, built once."""
+    root = tmp_path_factory.mktemp("tiny-full-models")
+
+    def build(arch: str) -> Path:
+        out = root / arch
+        if not (out / "config.json").is_file():
+            from encoder_pod.models.family import Layout
+            from encoder_pod.models.registry import make_tiny_model
+
+            make_tiny_model(arch, out, layout=Layout.FULL)
+        return out
+
+    return build

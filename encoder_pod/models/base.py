@@ -22,6 +22,9 @@ import torch
 from encoder_pod.errors import SliceMismatch
 from encoder_pod.modality import Modality
 from encoder_pod.models.family import Checkpoint, read_config
+from encoder_pod.models.hub import hub_origin
+from encoder_pod.models.parts import parameter_count
+from encoder_pod.models.weights import ReadReport
 from encoder_pod.settings import ModelSettings
 
 __all__ = [
@@ -44,6 +47,17 @@ class VideoClip:
 
     frames: Any
     fps: float
+    """Sampled frames per second of source time (frames / duration)."""
+    indices: tuple[int, ...] | None = None
+    """Position of each frame in the source (presentation order); None when unknown."""
+    source_fps: float | None = None
+    """The source's own frame rate; None when unknown."""
+
+    def timestamps(self) -> list[float]:
+        """Seconds of source time of each frame (from the source positions when known)."""
+        if self.indices is not None and self.source_fps:
+            return [index / self.source_fps for index in self.indices]
+        return [i / self.fps for i in range(len(self.frames))]
 
 
 @dataclass(frozen=True)
@@ -68,6 +82,9 @@ class PreparedBatch:
     item_grids: list[list[list[int]]] = field(default_factory=list)
     """Per request, per item: the item's grid (t, h, w), tile count or feature length."""
     extra: dict[str, Any] = field(default_factory=dict)
+    """Batch-level facts the forward needs (not sent anywhere)."""
+    request_extras: list[dict[str, Any]] = field(default_factory=list)
+    """Per request: facts the prefill side reads besides rows and grids (:attr:`EncodedPart.extras`)."""
 
     @property
     def total_tokens(self) -> int:
@@ -83,6 +100,10 @@ class EncodedPart:
     """(rows, hidden), contiguous, on CPU."""
     item_tokens: list[int]
     item_grids: list[list[int]]
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Facts the prefill side reads besides rows and grids: ``second_per_grid_ts`` (one float per
+    video item: Qwen2.5-VL, Qwen2.5-Omni, Qwen3-Omni) or ``video_timestamps`` (one list of seconds
+    per video item, one per temporal grid: Qwen3-VL, Qwen3.5). Empty for everything else."""
 
 
 class EncoderAdapter(Protocol):
@@ -158,10 +179,17 @@ class BaseAdapter(ABC):
         self.settings = settings
         self.device = device
         self.dtype = dtype
+        self.weights: ReadReport | None = None
+        """What loading read from the checkpoint (set by ``load``)."""
 
     @abstractmethod
     def load(self) -> None:
-        """Load weights with ``from_pretrained``; raise on missing or unexpected weights."""
+        """Load the encoder's weights strictly (raise on missing or unexpected ones); set :attr:`weights`."""
+
+    @classmethod
+    def weight_keys(cls, checkpoint: Checkpoint, keys: Sequence[str]) -> list[str]:
+        """Which of the checkpoint's tensors ``load`` reads (a tower checkpoint: all of them)."""
+        return list(keys)
 
     # --- per item, before batching ---------------------------------------------------------
     @abstractmethod
@@ -200,17 +228,34 @@ class BaseAdapter(ABC):
     def hidden_size(self) -> int:
         """Width of one output row."""
 
+    def encoder_modules(self) -> list[torch.nn.Module | torch.nn.Parameter]:
+        """The loaded modules whose parameters are the served encoder (tower, projector ...)."""
+        return [module for module in (getattr(self, "model", None),) if module is not None]
+
+    def embedding_layout(self) -> list[str]:
+        """What one output row holds, left to right (``merger`` then ``deepstack_<k>`` for Qwen3-VL)."""
+        return ["rows"]
+
     def info(self) -> dict[str, Any]:
         """What /server_info shows about the model."""
+        weights = self.weights.as_dict() if self.weights is not None else None
         return {
             "arch": self.name,
+            "family": self.name,
             "model_dir": str(self.model_dir),
+            "hub": hub_origin(self.model_dir),
             "layout": self.checkpoint.layout.value,
+            "architecture": self.checkpoint.architecture,
             "modalities": sorted(m.value for m in self.modalities),
             "hidden_size": self.hidden_size,
+            "output_width": self.hidden_size,
+            "embedding_layout": self.embedding_layout(),
             "sample_rate": self.sample_rate,
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
+            "tower_parameters": parameter_count(*self.encoder_modules()),
+            "weights_bytes_loaded": weights["bytes_read"] if weights else None,
+            "weights": weights,
         }
 
 
@@ -230,9 +275,10 @@ def slice_output(output: torch.Tensor, batch: PreparedBatch) -> list[EncodedPart
     parts: list[EncodedPart] = []
     start = 0
     grids = batch.item_grids or [[[] for _ in tokens] for tokens in batch.item_tokens]
-    for tokens, item_grids in zip(batch.item_tokens, grids):
+    extras = batch.request_extras or [{} for _ in batch.item_tokens]
+    for tokens, item_grids, extra in zip(batch.item_tokens, grids, extras):
         rows = sum(tokens)
-        parts.append(EncodedPart(output[start : start + rows].contiguous(), list(tokens), item_grids))
+        parts.append(EncodedPart(output[start : start + rows].contiguous(), list(tokens), item_grids, dict(extra)))
         start += rows
     return parts
 

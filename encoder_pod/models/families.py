@@ -22,6 +22,18 @@ def _qwen2_5_vl() -> FamilyCode:
     return QWEN2_5_VL_CODE
 
 
+def _qwen3_vl() -> FamilyCode:
+    from encoder_pod.models.qwen3_vl import QWEN3_VL_CODE
+
+    return QWEN3_VL_CODE
+
+
+def _qwen3_5() -> FamilyCode:
+    from encoder_pod.models.qwen3_vl import QWEN3_5_CODE
+
+    return QWEN3_5_CODE
+
+
 def _clip() -> FamilyCode:
     from encoder_pod.models.clip import CLIP_CODE
 
@@ -55,13 +67,41 @@ def _qwen2_audio() -> FamilyCode:
 FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily(
         "qwen2_vl",
-        [LayoutRule(Layout.TOWER, "qwen2_vl_vision", ("Qwen2VisionTransformerPretrainedModel",))],
+        [
+            LayoutRule(Layout.TOWER, "qwen2_vl_vision", ("Qwen2VisionTransformerPretrainedModel",)),
+            LayoutRule(Layout.FULL, "qwen2_vl", ("Qwen2VLForConditionalGeneration",)),
+        ],
         _qwen2_vl,
+        tiny_layouts=[Layout.TOWER, Layout.FULL],
+        hub_ids=["Qwen/Qwen2-VL-2B-Instruct", "Qwen/Qwen2-VL-7B-Instruct", "Qwen/Qwen2-VL-72B-Instruct"],
     ),
     ModelFamily(
         "qwen2_5_vl",
-        [LayoutRule(Layout.TOWER, "qwen2_5_vl_vision", ("Qwen2_5_VisionTransformerPretrainedModel",))],
+        [
+            LayoutRule(Layout.TOWER, "qwen2_5_vl_vision", ("Qwen2_5_VisionTransformerPretrainedModel",)),
+            LayoutRule(Layout.FULL, "qwen2_5_vl", ("Qwen2_5_VLForConditionalGeneration",)),
+        ],
         _qwen2_5_vl,
+        tiny_layouts=[Layout.TOWER, Layout.FULL],
+        hub_ids=["Qwen/Qwen2.5-VL-3B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen2.5-VL-72B-Instruct"],
+    ),
+    ModelFamily(
+        "qwen3_vl",
+        [
+            LayoutRule(Layout.FULL, "qwen3_vl", ("Qwen3VLForConditionalGeneration",)),
+            LayoutRule(Layout.FULL, "qwen3_vl_moe", ("Qwen3VLMoeForConditionalGeneration",)),
+        ],
+        _qwen3_vl,
+        hub_ids=["Qwen/Qwen3-VL-8B-Instruct", "Qwen/Qwen3-VL-30B-A3B-Instruct", "Qwen/Qwen3-VL-235B-A22B-Instruct"],
+    ),
+    ModelFamily(
+        "qwen3_5",
+        [
+            LayoutRule(Layout.FULL, "qwen3_5", ("Qwen3_5ForConditionalGeneration",)),
+            LayoutRule(Layout.FULL, "qwen3_5_moe", ("Qwen3_5MoeForConditionalGeneration",)),
+        ],
+        _qwen3_5,
+        hub_ids=["Qwen/Qwen3.5-9B", "Qwen/Qwen3.5-35B-A3B"],
     ),
     ModelFamily(
         "clip",

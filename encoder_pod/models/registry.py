@@ -11,7 +11,8 @@ import torch
 from encoder_pod.models.base import BaseAdapter, EncoderAdapter
 from encoder_pod.models.families import default_registry
 from encoder_pod.models.family import FamilyRegistry, Layout
-from encoder_pod.settings import ModelSettings, model_dir
+from encoder_pod.models.hub import resolve_model_dir
+from encoder_pod.settings import ModelSettings
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +42,23 @@ def resolve_dtype(model: ModelSettings, device: torch.device) -> torch.dtype:
 def load_adapter(model: ModelSettings, registry: FamilyRegistry | None = None) -> BaseAdapter:
     """Discover ``model.model_path``'s family, build its adapter and load it (blocking: model load)."""
     families = registry or default_registry()
-    checkpoint = families.discover(model_dir(model))
+    checkpoint = families.discover(resolve_model_dir(model))
     cls = families.get(checkpoint.family).adapter_class(checkpoint)
     device = resolve_device(model)
     adapter = cls(checkpoint, model, device, resolve_dtype(model, device))
     log.info("loading %s encoder (%s checkpoint) from %s on %s", cls.name, checkpoint.layout.value, checkpoint.path, device)
     adapter.load()
     return adapter
+
+
+def encoder_weight_keys(model_dir: Path, keys: list[str], registry: FamilyRegistry | None = None) -> list[str]:
+    """The tensors (of ``keys``, the checkpoint's) that serving the checkpoint in ``model_dir`` reads.
+
+    Needs only config.json in ``model_dir``: ``fetch-model`` calls it before any shard is there.
+    """
+    families = registry or default_registry()
+    checkpoint = families.discover(Path(model_dir))
+    return families.get(checkpoint.family).adapter_class(checkpoint).weight_keys(checkpoint, keys)
 
 
 def make_tiny_model(arch: str, out: Path, preset: str = "tiny", layout: Layout | None = None) -> Path:

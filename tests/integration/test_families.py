@@ -1,0 +1,81 @@
+"""Whole HF checkpoints served: per family, the rows its language model consumes, and no more read.
+
+For each family a tiny random ``...ForConditionalGeneration`` (built by transformers' own class,
+sharded with an index) is served by a real ``encoder-pod serve``. Requests of several items and
+sizes go in concurrently (so they share batches) and then one item at a time; every item's rows
+must equal the full model's own ``get_image_features`` / ``get_audio_features`` on the same input,
+and their count must equal the placeholder tokens the family's real processor puts in a prompt.
+/server_info must report the family, the language model's width and what was read.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from encoder_pod.models.weights import read_header
+from tests.integration.encode_client import embedding, encode, encode_concurrently
+from tests.integration.family_cases import CASES, Case, full_model
+from tests.support.server import EncoderServer
+
+pytestmark = pytest.mark.integration
+
+ENV = {"ENCODER_MAX_WAIT_MS": "400", "ENCODER_MAX_BATCH_SIZE": "8", "ENCODER_NUM_THREADS": "1",
+       "ENCODER_DEVICE": "cpu", "ENCODER_MAX_AUDIO_SECONDS": "60"}
+
+
+def _tower_bytes(ckpt: Path, prefixes: tuple[str, ...]) -> tuple[int, int]:
+    """(bytes of the tensors under ``prefixes``, bytes of every shard), from the files themselves."""
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+    wanted = 0
+    for shard in sorted(set(index.values())):
+        _, header = read_header(ckpt / shard)
+        wanted += sum(e["data_offsets"][1] - e["data_offsets"][0] for k, e in header.items()
+                      if k != "__metadata__" and k.startswith(prefixes))
+    return wanted, sum((ckpt / s).stat().st_size for s in set(index.values()))
+
+
+def _bodies(case: Case, tag: str) -> list[dict]:
+    return [{"req_id": f"{tag}-{i}", "modality": case.modality, "mm_items": [item.uri(case.modality) for item in request]}
+            for i, request in enumerate(case.requests)]
+
+
+def _rows_per_item(resp: httpx.Response) -> list[np.ndarray]:
+    rows = embedding(resp).astype(np.float32)
+    counts = resp.json()["item_token_counts"]
+    assert sum(counts) == rows.shape[0]
+    return np.split(rows, np.cumsum(counts)[:-1])
+
+
+@pytest.mark.parametrize("arch", sorted(CASES))
+def test_full_checkpoint_serves_what_the_language_model_consumes(arch, tiny_full_model):
+    case = CASES[arch]
+    ckpt = tiny_full_model(arch)
+    with EncoderServer(ckpt, env={**ENV, **case.env}) as server:
+        batched = encode_concurrently(server.base_url, _bodies(case, "b"))
+        assert [r.status_code for r in batched] == [200] * len(batched), [r.text[:300] for r in batched]
+        batches = server.metric("encoder_batch_size_count")
+        assert batches - server.metric("encoder_batch_size_bucket", 'le="1.0"') >= 1, "no batch of 2+ requests"
+        served = [rows for resp in batched for rows in _rows_per_item(resp)]
+        alone = [_rows_per_item(encode(server.base_url, f"a-{i}", [item.uri(case.modality)], modality=case.modality))[0]
+                 for i, item in enumerate(case.items())]
+        info = httpx.get(server.base_url + "/server_info", timeout=10).json()["model"]
+    media = [item.media(case.modality) for item in case.items()]
+    model = full_model(case.full_cls, ckpt)
+    reference = case.reference(model, ckpt, media)
+    placeholders = case.placeholders(ckpt, media)
+    assert [r.shape[0] for r in served] == [r.shape[0] for r in reference] == placeholders
+    for i, (got, single, ref) in enumerate(zip(served, alone, reference)):
+        np.testing.assert_allclose(got, single, rtol=1e-4, atol=1e-5, err_msg=f"item {i}: batched vs alone")
+        np.testing.assert_allclose(got, ref.float().numpy(), rtol=1e-4, atol=1e-5, err_msg=f"item {i}: vs HF")
+    tower, checkpoint = _tower_bytes(ckpt, case.tower_prefixes)
+    assert (info["family"], info["layout"], info["dtype"]) == (arch, "full", "float32")
+    assert info["output_width"] == case.width(model.config) == served[0].shape[1]
+    assert info["weights"]["checkpoint_bytes"] == checkpoint
+    # Exactly the tower's and projector's tensors, plus the headers of the shards opened.
+    assert tower <= info["weights_bytes_loaded"] <= tower + 64 * 1024 * info["weights"]["shards_opened"]
+    assert info["weights"]["shards_opened"] < info["weights"]["shards_total"]
