@@ -1,7 +1,8 @@
-"""``encoder-pod``: serve an encoder, or write a tiny random-weight checkpoint.
+"""``encoder-pod``: serve an encoder, fetch a model's encoder files, or write a tiny random checkpoint.
 
 The one place where errors become exit codes (:class:`~encoder_pod.exitcodes.ExitCode`): a bad
-setting is ``BAD_SETTINGS`` (2), a model path without a checkpoint ``MODEL_LOAD_FAILED`` (3).
+setting is ``BAD_SETTINGS`` (2), a model path without a checkpoint (or a hub id that cannot be
+resolved) ``MODEL_LOAD_FAILED`` (3).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from encoder_pod.exitcodes import ExitCode
 from encoder_pod.models.families import default_registry  # no torch: config.json facts only
-from encoder_pod.settings import ModelPathError, SettingsError, add_settings_arguments, load_settings, model_dir
+from encoder_pod.settings import EncoderSettings, ModelPathError, SettingsError, add_settings_arguments, load_settings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,25 +25,66 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("--arch", required=True, help=", ".join(default_registry().names()))
     tiny.add_argument("--out", required=True, type=Path, help="output directory")
     tiny.add_argument("--preset", default="tiny", choices=["tiny", "moderate"], help="size of the checkpoint")
+    tiny.add_argument(
+        "--full", action="store_true",
+        help="a whole ...ForConditionalGeneration checkpoint (language model included, sharded with an index) "
+        "instead of the encoder tower alone",
+    )
+    fetch = sub.add_parser(
+        "fetch-model",
+        help="download a hub model's config, processor files and only the shards holding its encoder "
+        "into the Hugging Face cache (nothing when the cache already has them)",
+    )
+    fetch.add_argument("model", help="hf://org/name[@revision] or org/name[@revision]")
+    fetch.add_argument("--revision", default=None, help="branch, tag or commit (same as @revision)")
+    fetch.add_argument("--cache-dir", default=None, help="hub cache directory (default: $HF_HUB_CACHE or $HF_HOME/hub)")
     return parser
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
+    from encoder_pod.models.family import Layout
     from encoder_pod.models.registry import make_tiny_model
 
+    layout = Layout.FULL if args.full else None
     try:
-        make_tiny_model(args.arch, args.out, preset=args.preset)
+        make_tiny_model(args.arch, args.out, preset=args.preset, layout=layout)
     except ValueError as exc:
         print(f"encoder-pod: {exc}", file=sys.stderr)
         return ExitCode.BAD_SETTINGS
-    print(f"wrote {args.arch} ({args.preset}) checkpoint to {args.out}")
+    kind = "whole" if args.full else "encoder"
+    print(f"wrote {args.arch} ({args.preset}, {kind}) checkpoint to {args.out}")
     return ExitCode.OK
+
+
+def _fetch_model(args: argparse.Namespace) -> int:
+    from encoder_pod.models.hub import fetch, parse_spec
+
+    try:
+        snapshot = fetch(parse_spec(args.model, args.revision), cache_dir=args.cache_dir)
+    except ModelPathError as exc:
+        print(f"encoder-pod: fetch failed: {exc}", file=sys.stderr)
+        return ExitCode.MODEL_LOAD_FAILED
+    except SettingsError as exc:
+        print(f"encoder-pod: {exc}", file=sys.stderr)
+        return ExitCode.BAD_SETTINGS
+    print(snapshot)
+    return ExitCode.OK
+
+
+def _resolved(settings: EncoderSettings) -> EncoderSettings:
+    """``settings`` with a hub id model path replaced by its snapshot folder (workers get a directory)."""
+    from encoder_pod.models.hub import resolve_model_dir
+
+    path = resolve_model_dir(settings.model)
+    if str(path) == settings.model.model_path:
+        return settings
+    model = settings.model.model_copy(update={"model_path": str(path)})
+    return settings.model_copy(update={"model": model})
 
 
 def _serve(args: argparse.Namespace) -> int:
     try:
-        settings = load_settings(cli=vars(args))
-        model_dir(settings.model)
+        settings = _resolved(load_settings(cli=vars(args)))
         from encoder_pod.server import serve
 
         serve(settings)  # builds the engine first: a model the settings cannot serve is refused there
@@ -60,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "make-tiny-model":
         return _make_tiny_model(args)
+    if args.command == "fetch-model":
+        return _fetch_model(args)
     return _serve(args)
 
 

@@ -1,10 +1,12 @@
-"""What every audio-encoder adapter shares: the sample rate, 30 s windows and valid-frame rows.
+"""What every Whisper-style audio adapter shares: the sample rate, 30 s windows and valid-frame rows.
 
 Whisper-style encoders take log-mel features padded to a fixed window (30 s: 3000 mel frames)
 and always emit the full window's rows (1500). Only the rows computed from real audio are served:
 an item of ``L`` valid mel frames (the feature extractor's attention mask) gives ``rows(L)`` rows,
-counted per family. Audio longer than one window is cut into consecutive windows, each encoded on
-its own (as Whisper's long-form mode does); the item's rows are its windows' rows in order.
+counted per family. Audio longer than one window is, per family (``max_windows``), either cut into
+consecutive windows each encoded on its own (Whisper, as its long-form mode does), or cut to its
+first window as the family's processor does (Qwen2-Audio: 30 s at most). An item's grid is one
+number: its valid mel frames, all windows together.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from encoder_pod.errors import MediaError
 from encoder_pod.modality import Modality
 from encoder_pod.models.base import BaseAdapter, MediaItem, PreparedBatch, check_loading_info
 from encoder_pod.models.vision import check_preset, randomize, regroup, save_atomically
+from encoder_pod.models.weights import whole_checkpoint_report
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +98,8 @@ class AudioAdapter(BaseAdapter):
     config_cls: ClassVar[type]
     presets: ClassVar[dict[str, dict[str, Any]]]
     """Tower sizes of the tiny checkpoints (:func:`write_tiny`)."""
+    max_windows: ClassVar[int | None] = None
+    """Windows encoded per item; audio past them is dropped, as the family's processor drops it (None: all)."""
 
     model: Any
     feature_extractor: WhisperFeatureExtractor
@@ -120,11 +125,16 @@ class AudioAdapter(BaseAdapter):
         # would only set the attribute after __init__ derived both from the class default.)
         config, _ = WhisperFeatureExtractor.get_feature_extractor_dict(self.model_dir)
         self.feature_extractor = WhisperFeatureExtractor.from_dict({**config, "sampling_rate": self._rate})
-        model, info = self.model_cls.from_pretrained(self.model_dir, dtype=self.dtype, output_loading_info=True)
-        check_loading_info(self.model_cls.__name__, info)
-        self.model = model.to(self.device).eval()
+        self.model = self._load_model()
         self._check_extractor()
         log.info("%s expects %d Hz audio (from %s)", self.name, self._rate, self._rate_source)
+
+    def _load_model(self) -> Any:
+        """The tower saved on its own, strictly (``from_pretrained``)."""
+        model, info = self.model_cls.from_pretrained(self.model_dir, dtype=self.dtype, output_loading_info=True)
+        check_loading_info(self.model_cls.__name__, info)
+        self.weights = whole_checkpoint_report(self.model_dir)
+        return model.to(self.device).eval()
 
     def _check_extractor(self) -> None:
         """The features must have the tower's mel bins and exactly its window length."""
@@ -143,8 +153,9 @@ class AudioAdapter(BaseAdapter):
         """(start, end, rows) per window of an item; a trailing sliver too short for a row is dropped."""
         size, hop = self.feature_extractor.n_samples, self.feature_extractor.hop_length
         windows = []
-        for start in range(0, samples, size):
-            end = min(start + size, samples)
+        stop = samples if self.max_windows is None else min(samples, self.max_windows * size)
+        for start in range(0, stop, size):
+            end = min(start + size, stop)
             # The extractor's attention mask marks ceil(samples / hop) frames valid.
             rows = self.rows_for_frames(math.ceil((end - start) / hop))
             if rows > 0:
@@ -199,14 +210,15 @@ class AudioAdapter(BaseAdapter):
         frames = out["attention_mask"].sum(-1)
         # Rows from the mask the extractor really produced: the slicing plan follows the data.
         window_rows = [self.rows_for_frames(int(f)) for f in frames]
-        item_rows, item_frames = [0] * len(items), [[] for _ in items]
+        item_rows, item_frames = [0] * len(items), [0] * len(items)
         for owner, rows, count in zip(owners, window_rows, frames.tolist()):
             item_rows[owner] += rows
-            item_frames[owner].append(int(count))
+            item_frames[owner] += int(count)
         return PreparedBatch(
             inputs={"input_features": out["input_features"], "frames": frames},
             item_tokens=regroup(item_rows, requests),
-            item_grids=regroup(item_frames, requests),
+            # One length per item, the raw mel-frame count: what SGLang's encoder sends for audio.
+            item_grids=regroup([[n] for n in item_frames], requests),
             extra={"window_rows": window_rows},
         )
 
@@ -241,6 +253,7 @@ class AudioAdapter(BaseAdapter):
             **super().info(),
             "sample_rate_source": self._rate_source,
             "window_seconds": self.feature_extractor.n_samples / self._rate,
+            "audio_longer_than_window": "windows" if self.max_windows is None else "truncated",
         }
 
 

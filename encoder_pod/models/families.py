@@ -46,10 +46,22 @@ def _siglip() -> FamilyCode:
     return SIGLIP_CODE
 
 
+def _llava() -> FamilyCode:
+    from encoder_pod.models.llava import LLAVA_CODE
+
+    return LLAVA_CODE
+
+
 def _llava_next() -> FamilyCode:
-    from encoder_pod.models.llava_next import LLAVA_NEXT_CODE
+    from encoder_pod.models.llava import LLAVA_NEXT_CODE
 
     return LLAVA_NEXT_CODE
+
+
+def _llava_onevision() -> FamilyCode:
+    from encoder_pod.models.llava import LLAVA_ONEVISION_CODE
+
+    return LLAVA_ONEVISION_CODE
 
 
 def _whisper() -> FamilyCode:
@@ -110,15 +122,42 @@ FAMILIES: tuple[ModelFamily, ...] = (
     ),
     ModelFamily("siglip", [LayoutRule(Layout.TOWER, "siglip_vision_model", ("SiglipVisionModel",))], _siglip),
     ModelFamily(
+        "llava",
+        [LayoutRule(Layout.FULL, "llava", ("LlavaForConditionalGeneration",))],
+        _llava,
+        hub_ids=["llava-hf/llava-1.5-7b-hf", "llava-hf/llava-1.5-13b-hf"],
+    ),
+    ModelFamily(
         "llava_next",
         [LayoutRule(Layout.FULL, "llava_next", ("LlavaNextForConditionalGeneration",))],
         _llava_next,
+        hub_ids=["llava-hf/llava-v1.6-mistral-7b-hf", "llava-hf/llava-v1.6-vicuna-7b-hf"],
     ),
-    ModelFamily("whisper", [LayoutRule(Layout.TOWER, "whisper", ("WhisperEncoder",))], _whisper),
+    ModelFamily(
+        "llava_onevision",
+        [LayoutRule(Layout.FULL, "llava_onevision", ("LlavaOnevisionForConditionalGeneration",))],
+        _llava_onevision,
+        hub_ids=["llava-hf/llava-onevision-qwen2-7b-ov-hf", "llava-hf/llava-onevision-qwen2-0.5b-ov-hf"],
+    ),
+    ModelFamily(
+        "whisper",
+        [
+            LayoutRule(Layout.TOWER, "whisper", ("WhisperEncoder",)),
+            LayoutRule(Layout.FULL, "whisper", ("WhisperForConditionalGeneration",)),
+        ],
+        _whisper,
+        tiny_layouts=[Layout.TOWER, Layout.FULL],
+        hub_ids=["openai/whisper-large-v3", "openai/whisper-small"],
+    ),
     ModelFamily(
         "qwen2_audio",
-        [LayoutRule(Layout.TOWER, "qwen2_audio_encoder", ("Qwen2AudioEncoder",))],
+        [
+            LayoutRule(Layout.TOWER, "qwen2_audio_encoder", ("Qwen2AudioEncoder",)),
+            LayoutRule(Layout.FULL, "qwen2_audio", ("Qwen2AudioForConditionalGeneration",)),
+        ],
         _qwen2_audio,
+        tiny_layouts=[Layout.TOWER, Layout.FULL],
+        hub_ids=["Qwen/Qwen2-Audio-7B-Instruct", "Qwen/Qwen2-Audio-7B"],
     ),
 )
 """Every family of this build (an immutable table)."""

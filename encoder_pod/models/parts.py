@@ -121,18 +121,27 @@ class FullCheckpoint:
         """The checkpoint keys of ``part_paths``."""
         return plan_keys(self.full_cls, self.config, list(self.index.weight_map), part_paths, meta=self.meta)
 
-    def build_like(self, path: str, dtype: torch.dtype) -> nn.Module:
-        """A real, empty copy of the full model's sub-model at ``path``, built as the full model builds it.
+    def build_like(self, path: str, dtype: torch.dtype) -> Any:
+        """A real, empty copy of the full model's part at ``path``, built the way the full model builds it.
 
-        Only for parts that are models of their own (``PreTrainedModel``: the vision and audio
-        towers): ``cls._from_config(sub_config, dtype=...)``, the way the full model's ``__init__``
-        makes them, so computed buffers (rotary frequencies) are what the full model has.
+        A sub-model (``PreTrainedModel``: the vision and audio towers) is ``cls._from_config(sub_config,
+        dtype=...)`` as the full model's ``__init__`` makes it, so computed buffers (rotary
+        frequencies) are the full model's; any other module (a projector) is ``cls(config)``, as
+        the families construct theirs; a lone parameter (``image_newline``) an empty one.
         """
+        from transformers import PreTrainedModel
+
+        parent, _, leaf = path.rpartition(".")
+        lone = dict(self.meta.get_submodule(parent).named_parameters(recurse=False)).get(leaf)
+        if lone is not None:
+            return new_parameter(lone.shape, dtype)
         template = self.meta.get_submodule(path)
-        config = getattr(template, "config", None)
-        if config is None or not hasattr(type(template), "_from_config"):
-            raise TypeError(f"{path} of {self.full_cls.__name__} is not a model of its own; build it explicitly")
-        return empty_model(lambda: type(template)._from_config(copy.deepcopy(config), dtype=dtype)).eval()
+        cls = type(template)
+        if isinstance(template, PreTrainedModel):
+            config = copy.deepcopy(template.config)
+            return empty_model(lambda: cls._from_config(config, dtype=dtype)).eval()
+        config = copy.deepcopy(self.config)
+        return empty_model(lambda: cls(config)).to(dtype).eval()
 
     def load(self, parts: Mapping[str, PartModule]) -> ReadReport:
         """Read only the tensors of ``parts`` (module path -> built module) and load each strictly."""

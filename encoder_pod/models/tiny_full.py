@@ -25,7 +25,7 @@ VOCAB_SIZE = 4096
 """Text vocabulary of the tiny language models: the 256 byte tokens, the specials, and spare rows
 (the embedding matrix is what makes the language model the bulk of a tiny checkpoint, as of a real one)."""
 
-SHARDS = 8
+SHARDS = 16
 """About this many shards per tiny checkpoint: the tower's tensors span several of them."""
 
 

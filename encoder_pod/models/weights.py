@@ -72,7 +72,7 @@ class ReadReport:
     shards_opened: list[str] = field(default_factory=list)
     shards_total: int = 0
     checkpoint_bytes: int = 0
-    """Size of every weight file of the checkpoint."""
+    """Bytes of every tensor of the checkpoint (the index's ``total_size``), or of its weight files."""
 
     def merge(self, other: "ReadReport") -> "ReadReport":
         """Both reads together (two towers of one checkpoint)."""
@@ -110,8 +110,8 @@ def read_header(path: Path) -> tuple[int, dict[str, Any]]:
     return 8 + length, header
 
 
-def weight_map(model_dir: Path) -> dict[str, str]:
-    """Tensor name -> shard file, from the index, or from the single file's header."""
+def weight_map(model_dir: Path) -> tuple[dict[str, str], int | None]:
+    """(tensor name -> shard file, the index's total tensor bytes if it says), from the index or the single file."""
     model_dir = Path(model_dir)
     index = model_dir / INDEX_NAME
     if index.is_file():
@@ -119,28 +119,32 @@ def weight_map(model_dir: Path) -> dict[str, str]:
         mapping = raw.get("weight_map") if isinstance(raw, dict) else None
         if not isinstance(mapping, dict) or not mapping:
             raise CheckpointError(f"{index} has no weight_map")
-        return {str(k): str(v) for k, v in mapping.items()}
+        total = (raw.get("metadata") or {}).get("total_size")
+        return {str(k): str(v) for k, v in mapping.items()}, int(total) if isinstance(total, (int, float)) else None
     single = model_dir / SINGLE_NAME
     if not single.is_file():
         raise CheckpointError(f"no {INDEX_NAME} or {SINGLE_NAME} in {model_dir}")
     _, header = read_header(single)
-    return {key: SINGLE_NAME for key in header if key != "__metadata__"}
+    return {key: SINGLE_NAME for key in header if key != "__metadata__"}, None
 
 
 class SafetensorsIndex:
-    """The tensors of one checkpoint directory; reads any subset of them, counting the bytes."""
+    """The tensors of one checkpoint directory; reads any subset of them, counting the bytes.
+
+    Shards are only looked at when a wanted tensor is in them: a snapshot that holds just the
+    encoder's shards (``encoder-pod fetch-model``) is a complete checkpoint for the encoder.
+    """
 
     def __init__(self, model_dir: Path) -> None:
         self.model_dir = Path(model_dir)
-        self.weight_map = weight_map(self.model_dir)
+        self.weight_map, self._total = weight_map(self.model_dir)
         self.shards = sorted(set(self.weight_map.values()))
-        missing = [s for s in self.shards if not (self.model_dir / s).is_file()]
-        if missing:
-            raise CheckpointError(f"{self.model_dir}: the index names shards that are not there: {missing}")
 
     @property
     def checkpoint_bytes(self) -> int:
-        """Size of every weight file the index names."""
+        """Size of the whole checkpoint's weights: the index's ``total_size``, else the shard files' sizes."""
+        if self._total is not None:
+            return self._total
         return sum((self.model_dir / shard).stat().st_size for shard in self.shards)
 
     def shards_of(self, keys: Iterable[str]) -> list[str]:
@@ -154,6 +158,9 @@ class SafetensorsIndex:
             if key not in self.weight_map:
                 raise CheckpointError(f"{self.model_dir}: no tensor {key!r} in the checkpoint")
             by_shard[self.weight_map[key]].append(key)
+        missing = [shard for shard in by_shard if not (self.model_dir / shard).is_file()]
+        if missing:
+            raise CheckpointError(f"{self.model_dir}: shards holding the encoder's tensors are not there: {sorted(missing)}")
         report = ReadReport(shards_total=len(self.shards), checkpoint_bytes=self.checkpoint_bytes)
         tensors: dict[str, torch.Tensor] = {}
         for shard, names in sorted(by_shard.items()):

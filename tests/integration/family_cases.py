@@ -9,7 +9,7 @@ Neither uses any of the pod's code.
 
 from __future__ import annotations
 
-import io
+import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -60,17 +60,18 @@ class Case:
     full_cls: str
     modality: str
     requests: Sequence[Sequence[Item]]
-    reference: Callable[[Any, Path, list[Any]], list[torch.Tensor]]
-    """(full model, checkpoint, media) -> the rows of each item."""
-    placeholders: Callable[[Path, list[Any]], list[int]]
+    reference: Callable[[Any, Path, list[list[Any]]], list[torch.Tensor]]
+    """(full model, checkpoint, media per request) -> the rows of each item, in item order."""
+    placeholders: Callable[[Path, list[list[Any]]], list[int]]
+    """(checkpoint, media per request) -> placeholder tokens in one prompt per request holding its items."""
     tower_prefixes: tuple[str, ...]
     """Checkpoint key prefixes of tower + projector, as the hub's files name them."""
     width: Callable[[Any], int] = lambda config: int(config.get_text_config().hidden_size)
     env: dict[str, str] = field(default_factory=dict)
 
-    def items(self) -> list[Item]:
-        """Every item of every request, in order."""
-        return [item for request in self.requests for item in request]
+    def media(self) -> list[list[Any]]:
+        """The decoded items, per request."""
+        return [[item.media(self.modality) for item in request] for request in self.requests]
 
 
 @lru_cache(maxsize=4)
@@ -83,9 +84,14 @@ def full_model(full_cls: str, ckpt: Path) -> Any:
 
 # --- Qwen vision -------------------------------------------------------------------------------
 
-def _qwen_reference(model: Any, ckpt: Path, images: list[Any]) -> list[torch.Tensor]:
+def _flat(requests: list[list[Any]]) -> list[Any]:
+    return [item for request in requests for item in request]
+
+
+def _qwen_reference(model: Any, ckpt: Path, requests: list[list[Any]]) -> list[torch.Tensor]:
     from transformers import Qwen2VLImageProcessorPil
 
+    images = _flat(requests)
     out = Qwen2VLImageProcessorPil.from_pretrained(ckpt)(images=images, return_tensors="pt")
     owner = getattr(model, "thinker", model)
     with torch.inference_mode():
@@ -96,7 +102,7 @@ def _qwen_reference(model: Any, ckpt: Path, images: list[Any]) -> list[torch.Ten
 
 def _qwen_placeholders(processor_cls: str, token: str = "<|image_pad|>", start: str = "<|vision_start|>",
                        end: str = "<|vision_end|>") -> Callable[[Path, list[Any]], list[int]]:
-    def count(ckpt: Path, images: list[Any]) -> list[int]:
+    def count(ckpt: Path, requests: list[list[Any]]) -> list[int]:
         import transformers
         from transformers import Qwen2VLImageProcessorPil
 
@@ -104,8 +110,8 @@ def _qwen_placeholders(processor_cls: str, token: str = "<|image_pad|>", start: 
         processor = hf_processors.without_video(getattr(transformers, processor_cls))(
             image_processor=Qwen2VLImageProcessorPil.from_pretrained(ckpt), tokenizer=tok
         )
-        prompts = [f"<|im_start|>user\n{start}{token}{end}hi<|im_end|>"] * len(images)
-        out = processor(text=prompts, images=images, return_tensors="pt", padding=True)
+        prompts = [f"<|im_start|>user\n{f'{start}{token}{end}' * len(r)}hi<|im_end|>" for r in requests]
+        out = processor(text=prompts, images=_flat(requests), return_tensors="pt", padding=True)
         return hf_processors.count(out["input_ids"], tok.convert_tokens_to_ids(token))
 
     return count
@@ -139,3 +145,154 @@ CASES: dict[str, Case] = {
     "qwen3_5": Case("qwen3_5", "Qwen3_5ForConditionalGeneration", "IMAGE", _QWEN3_REQUESTS, _qwen_reference,
                     _qwen_placeholders("Qwen3VLProcessor"), ("model.visual.",), width=_deepstack_width),
 }
+
+
+# --- LLaVA ----------------------------------------------------------------------------------------
+
+def _llava_reference(image_processor: str, nested: bool = False) -> Callable[[Any, Path, list[list[Any]]], list[torch.Tensor]]:
+    def reference(model: Any, ckpt: Path, requests: list[list[Any]]) -> list[torch.Tensor]:
+        import transformers
+
+        processor = getattr(transformers, image_processor).from_pretrained(ckpt)
+        out = processor(images=requests if nested else _flat(requests), return_tensors="pt")
+        kwargs = {key: out[key] for key in ("pixel_values", "image_sizes", "batch_num_images") if key in out}
+        with torch.inference_mode():
+            pooled = model.model.get_image_features(**kwargs).pooler_output
+        return [rows.reshape(-1, rows.shape[-1]) for rows in pooled]
+
+    return reference
+
+
+def _processor_kwargs(ckpt: Path) -> dict[str, Any]:
+    kwargs = json.loads((ckpt / "processor_config.json").read_text())
+    kwargs.pop("processor_class", None)
+    return kwargs
+
+
+def _llava_placeholders(processor_cls: str, image_processor: str) -> Callable[[Path, list[list[Any]]], list[int]]:
+    def count(ckpt: Path, requests: list[list[Any]]) -> list[int]:
+        import transformers
+
+        tok = hf_processors.tokenizer(ckpt)
+        cls = hf_processors.without_video(getattr(transformers, processor_cls))
+        processor = cls(image_processor=getattr(transformers, image_processor).from_pretrained(ckpt), tokenizer=tok,
+                        **_processor_kwargs(ckpt))
+        prompts = [f"USER: {'<image>' * len(r)} what is this? ASSISTANT:" for r in requests]
+        out = processor(text=prompts, images=requests, return_tensors="pt", padding=True)
+        return hf_processors.count(out["input_ids"], tok.convert_tokens_to_ids("<image>"))
+
+    return count
+
+
+_LLAVA_REQUESTS = [
+    [Item((50, 30), 1)],
+    [Item((30, 90), 2), Item((64, 64), 3)],
+    [Item((20, 20), 4), Item((97, 41), 5)],
+]
+_OV_REQUESTS = [
+    [Item((50, 30), 1)],
+    [Item((30, 90), 2)],
+    [Item((192, 192), 3)],  # the 6x6 pinpoint: past 9 tiles' rows, so anyres_max_9 downscales
+    [Item((200, 70), 4), Item((20, 20), 5)],  # a two-image prompt: base tile + newline each
+]
+
+
+# --- audio ----------------------------------------------------------------------------------------
+
+class _CaptureLanguageModelInputs:
+    """What the language model receives: ``inputs_embeds`` recorded by a pre-forward hook on it."""
+
+    def __init__(self, language_model: Any) -> None:
+        self.language_model, self.calls = language_model, []
+
+    def __enter__(self) -> "_CaptureLanguageModelInputs":
+        def hook(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+            self.calls.append(kwargs.get("inputs_embeds"))
+
+        self.handle = self.language_model.register_forward_pre_hook(hook, with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.remove()
+
+
+def _qwen2_audio_processor(ckpt: Path) -> Any:
+    from transformers import Qwen2AudioProcessor, WhisperFeatureExtractor
+
+    return Qwen2AudioProcessor(feature_extractor=WhisperFeatureExtractor.from_pretrained(ckpt),
+                               tokenizer=hf_processors.tokenizer(ckpt))
+
+
+def _qwen2_audio_inputs(ckpt: Path, requests: list[list[Any]]) -> Any:
+    prompts = ["<|im_start|>user\n" + "<|audio_bos|><|AUDIO|><|audio_eos|>" * len(r) + "hi<|im_end|>" for r in requests]
+    return _qwen2_audio_processor(ckpt)(text=prompts, audio=_flat(requests), sampling_rate=16_000,
+                                        return_tensors="pt", padding=True)
+
+
+def _qwen2_audio_reference(model: Any, ckpt: Path, requests: list[list[Any]]) -> list[torch.Tensor]:
+    """Qwen2-Audio has no get_audio_features: the rows the language model receives at <|AUDIO|>, per item."""
+    out = _qwen2_audio_inputs(ckpt, requests)
+    with _CaptureLanguageModelInputs(model.model.language_model) as captured, torch.inference_mode():
+        model(**out)
+    token = model.config.audio_token_id
+    spliced = captured.calls[0][out["input_ids"] == token]
+    lengths = model.model.audio_tower._get_feat_extract_output_lengths(out["feature_attention_mask"].sum(-1))[1]
+    return list(torch.split(spliced, lengths.tolist()))
+
+
+def _qwen2_audio_placeholders(ckpt: Path, requests: list[list[Any]]) -> list[int]:
+    out = _qwen2_audio_inputs(ckpt, requests)
+    return hf_processors.count(out["input_ids"], hf_processors.tokenizer(ckpt).convert_tokens_to_ids("<|AUDIO|>"))
+
+
+def _whisper_features(ckpt: Path, waves: list[Any]) -> Any:
+    from transformers import WhisperFeatureExtractor
+
+    return WhisperFeatureExtractor.from_pretrained(ckpt)(waves, sampling_rate=16_000, return_attention_mask=True,
+                                                         return_tensors="pt")
+
+
+def _whisper_reference(model: Any, ckpt: Path, requests: list[list[Any]]) -> list[torch.Tensor]:
+    """The encoder's rows over each item's valid mel frames (the decoder of a pipeline pads its own)."""
+    out = _whisper_features(ckpt, _flat(requests))
+    with torch.inference_mode():
+        hidden = model.get_encoder()(out["input_features"]).last_hidden_state
+    valid = (out["attention_mask"].sum(-1) - 1) // 2 + 1
+    return [hidden[i, : int(n)] for i, n in enumerate(valid)]
+
+
+def _whisper_rows(ckpt: Path, requests: list[list[Any]]) -> list[int]:
+    """Whisper has no placeholders: its rows per request from the extractor's valid frames (conv stride 2)."""
+    out = _whisper_features(ckpt, _flat(requests))
+    rows = ((out["attention_mask"].sum(-1) - 1) // 2 + 1).tolist()
+    grouped, start = [], 0
+    for request in requests:
+        grouped.append(sum(rows[start : start + len(request)]))
+        start += len(request)
+    return grouped
+
+
+_AUDIO_REQUESTS = [
+    [Item(1.0, 1)],
+    [Item(2.5, 2), Item(0.4, 3)],
+    [Item(31.0, 4), Item(3.0, 5)],  # Qwen2-Audio's processor keeps the first 30 s
+]
+_WHISPER_REQUESTS = [[Item(1.0, 1)], [Item(2.5, 2), Item(0.4, 3)], [Item(12.5, 4)]]
+
+CASES.update({
+    "llava": Case("llava", "LlavaForConditionalGeneration", "IMAGE", _LLAVA_REQUESTS,
+                  _llava_reference("CLIPImageProcessorPil"), _llava_placeholders("LlavaProcessor", "CLIPImageProcessorPil"),
+                  ("vision_tower.", "multi_modal_projector.")),
+    "llava_next": Case("llava_next", "LlavaNextForConditionalGeneration", "IMAGE", _LLAVA_REQUESTS,
+                       _llava_reference("LlavaNextImageProcessorPil"),
+                       _llava_placeholders("LlavaNextProcessor", "LlavaNextImageProcessorPil"),
+                       ("vision_tower.", "multi_modal_projector.", "image_newline")),
+    "llava_onevision": Case("llava_onevision", "LlavaOnevisionForConditionalGeneration", "IMAGE", _OV_REQUESTS,
+                            _llava_reference("LlavaOnevisionImageProcessorPil", nested=True),
+                            _llava_placeholders("LlavaOnevisionProcessor", "LlavaOnevisionImageProcessorPil"),
+                            ("vision_tower.", "multi_modal_projector.", "image_newline")),
+    "qwen2_audio": Case("qwen2_audio", "Qwen2AudioForConditionalGeneration", "AUDIO", _AUDIO_REQUESTS,
+                        _qwen2_audio_reference, _qwen2_audio_placeholders, ("audio_tower.", "multi_modal_projector.")),
+    "whisper": Case("whisper", "WhisperForConditionalGeneration", "AUDIO", _WHISPER_REQUESTS, _whisper_reference,
+                    _whisper_rows, ("model.encoder.",), width=lambda config: int(config.d_model)),
+})

@@ -29,14 +29,15 @@ ENV = {"ENCODER_MAX_WAIT_MS": "400", "ENCODER_MAX_BATCH_SIZE": "8", "ENCODER_NUM
 
 
 def _tower_bytes(ckpt: Path, prefixes: tuple[str, ...]) -> tuple[int, int]:
-    """(bytes of the tensors under ``prefixes``, bytes of every shard), from the files themselves."""
+    """(bytes of the tensors under ``prefixes``, bytes of every tensor), from the shards' own headers."""
     index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
-    wanted = 0
+    wanted = total = 0
     for shard in sorted(set(index.values())):
         _, header = read_header(ckpt / shard)
-        wanted += sum(e["data_offsets"][1] - e["data_offsets"][0] for k, e in header.items()
-                      if k != "__metadata__" and k.startswith(prefixes))
-    return wanted, sum((ckpt / s).stat().st_size for s in set(index.values()))
+        sizes = {k: e["data_offsets"][1] - e["data_offsets"][0] for k, e in header.items() if k != "__metadata__"}
+        wanted += sum(n for k, n in sizes.items() if k.startswith(prefixes))
+        total += sum(sizes.values())
+    return wanted, total
 
 
 def _bodies(case: Case, tag: str) -> list[dict]:
@@ -60,18 +61,21 @@ def test_full_checkpoint_serves_what_the_language_model_consumes(arch, tiny_full
         assert [r.status_code for r in batched] == [200] * len(batched), [r.text[:300] for r in batched]
         batches = server.metric("encoder_batch_size_count")
         assert batches - server.metric("encoder_batch_size_bucket", 'le="1.0"') >= 1, "no batch of 2+ requests"
-        served = [rows for resp in batched for rows in _rows_per_item(resp)]
-        alone = [_rows_per_item(encode(server.base_url, f"a-{i}", [item.uri(case.modality)], modality=case.modality))[0]
-                 for i, item in enumerate(case.items())]
+        alone = [encode(server.base_url, body["req_id"] + "-alone", body["mm_items"], modality=case.modality)
+                 for body in _bodies(case, "a")]
         info = httpx.get(server.base_url + "/server_info", timeout=10).json()["model"]
-    media = [item.media(case.modality) for item in case.items()]
+    media = case.media()
     model = full_model(case.full_cls, ckpt)
     reference = case.reference(model, ckpt, media)
-    placeholders = case.placeholders(ckpt, media)
-    assert [r.shape[0] for r in served] == [r.shape[0] for r in reference] == placeholders
-    for i, (got, single, ref) in enumerate(zip(served, alone, reference)):
-        np.testing.assert_allclose(got, single, rtol=1e-4, atol=1e-5, err_msg=f"item {i}: batched vs alone")
+    served = [rows for resp in batched for rows in _rows_per_item(resp)]
+    single = [rows for resp in alone for rows in _rows_per_item(resp)]
+    # Per item: the full model's own rows, by shape and value, batched and alone.
+    assert [r.shape for r in served] == [r.shape for r in single] == [tuple(r.shape) for r in reference]
+    for i, (got, one, ref) in enumerate(zip(served, single, reference)):
+        np.testing.assert_allclose(got, one, rtol=1e-4, atol=1e-5, err_msg=f"item {i}: batched vs alone")
         np.testing.assert_allclose(got, ref.float().numpy(), rtol=1e-4, atol=1e-5, err_msg=f"item {i}: vs HF")
+    # Per request: as many rows as the real processor puts placeholders in a prompt holding its items.
+    assert [sum(r.json()["item_token_counts"]) for r in batched] == case.placeholders(ckpt, media)
     tower, checkpoint = _tower_bytes(ckpt, case.tower_prefixes)
     assert (info["family"], info["layout"], info["dtype"]) == (arch, "full", "float32")
     assert info["output_width"] == case.width(model.config) == served[0].shape[1]
