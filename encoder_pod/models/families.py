@@ -34,6 +34,18 @@ def _qwen3_5() -> FamilyCode:
     return QWEN3_5_CODE
 
 
+def _qwen2_5_omni() -> FamilyCode:
+    from encoder_pod.models.qwen_omni_tiny import QWEN2_5_OMNI_CODE
+
+    return QWEN2_5_OMNI_CODE
+
+
+def _qwen3_omni() -> FamilyCode:
+    from encoder_pod.models.qwen_omni_tiny import QWEN3_OMNI_CODE
+
+    return QWEN3_OMNI_CODE
+
+
 def _clip() -> FamilyCode:
     from encoder_pod.models.clip import CLIP_CODE
 
@@ -62,6 +74,18 @@ def _llava_onevision() -> FamilyCode:
     from encoder_pod.models.llava import LLAVA_ONEVISION_CODE
 
     return LLAVA_ONEVISION_CODE
+
+
+def _gemma3() -> FamilyCode:
+    from encoder_pod.models.gemma3 import GEMMA3_CODE
+
+    return GEMMA3_CODE
+
+
+def _internvl() -> FamilyCode:
+    from encoder_pod.models.internvl import INTERNVL_CODE
+
+    return INTERNVL_CODE
 
 
 def _whisper() -> FamilyCode:
@@ -116,6 +140,18 @@ FAMILIES: tuple[ModelFamily, ...] = (
         hub_ids=["Qwen/Qwen3.5-9B", "Qwen/Qwen3.5-35B-A3B"],
     ),
     ModelFamily(
+        "qwen2_5_omni",
+        [LayoutRule(Layout.FULL, "qwen2_5_omni", ("Qwen2_5OmniForConditionalGeneration",))],
+        _qwen2_5_omni,
+        hub_ids=["Qwen/Qwen2.5-Omni-7B", "Qwen/Qwen2.5-Omni-3B"],
+    ),
+    ModelFamily(
+        "qwen3_omni",
+        [LayoutRule(Layout.FULL, "qwen3_omni_moe", ("Qwen3OmniMoeForConditionalGeneration",))],
+        _qwen3_omni,
+        hub_ids=["Qwen/Qwen3-Omni-30B-A3B-Instruct"],
+    ),
+    ModelFamily(
         "clip",
         [LayoutRule(Layout.TOWER, "clip_vision_model", ("CLIPVisionModel", "CLIPVisionModelWithProjection"))],
         _clip,
@@ -138,6 +174,18 @@ FAMILIES: tuple[ModelFamily, ...] = (
         [LayoutRule(Layout.FULL, "llava_onevision", ("LlavaOnevisionForConditionalGeneration",))],
         _llava_onevision,
         hub_ids=["llava-hf/llava-onevision-qwen2-7b-ov-hf", "llava-hf/llava-onevision-qwen2-0.5b-ov-hf"],
+    ),
+    ModelFamily(
+        "gemma3",
+        [LayoutRule(Layout.FULL, "gemma3", ("Gemma3ForConditionalGeneration",))],
+        _gemma3,
+        hub_ids=["google/gemma-3-4b-it", "google/gemma-3-12b-it", "google/gemma-3-27b-it"],
+    ),
+    ModelFamily(
+        "internvl",
+        [LayoutRule(Layout.FULL, "internvl", ("InternVLForConditionalGeneration",))],
+        _internvl,
+        hub_ids=["OpenGVLab/InternVL3-1B-hf", "OpenGVLab/InternVL3-8B-hf"],
     ),
     ModelFamily(
         "whisper",

@@ -53,25 +53,38 @@ class Item:
 
 
 @dataclass(frozen=True)
-class Case:
-    """One family's proof: requests (several sizes, several items), reference rows, placeholder counts."""
+class Check:
+    """One modality of a family's proof: requests (several sizes, several items), reference rows, placeholders."""
 
-    arch: str
-    full_cls: str
     modality: str
     requests: Sequence[Sequence[Item]]
     reference: Callable[[Any, Path, list[list[Any]]], list[torch.Tensor]]
     """(full model, checkpoint, media per request) -> the rows of each item, in item order."""
     placeholders: Callable[[Path, list[list[Any]]], list[int]]
     """(checkpoint, media per request) -> placeholder tokens in one prompt per request holding its items."""
-    tower_prefixes: tuple[str, ...]
-    """Checkpoint key prefixes of tower + projector, as the hub's files name them."""
     width: Callable[[Any], int] = lambda config: int(config.get_text_config().hidden_size)
-    env: dict[str, str] = field(default_factory=dict)
 
     def media(self) -> list[list[Any]]:
         """The decoded items, per request."""
         return [[item.media(self.modality) for item in request] for request in self.requests]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One family: its whole-model class, what of the checkpoint is the encoder, and its checks."""
+
+    arch: str
+    full_cls: str
+    checks: Sequence[Check]
+    tower_prefixes: tuple[str, ...]
+    """Checkpoint key prefixes of tower + projector, as the hub's files name them."""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def case(arch: str, full_cls: str, modality: str, requests: Sequence[Sequence[Item]], reference: Any,
+         placeholders: Any, tower_prefixes: tuple[str, ...], **kwargs: Any) -> Case:
+    """A one-modality :class:`Case`."""
+    return Case(arch, full_cls, [Check(modality, requests, reference, placeholders, **kwargs)], tower_prefixes)
 
 
 @lru_cache(maxsize=4)
@@ -136,13 +149,13 @@ def _deepstack_width(config: Any) -> int:
 
 
 CASES: dict[str, Case] = {
-    "qwen2_vl": Case("qwen2_vl", "Qwen2VLForConditionalGeneration", "IMAGE", _QWEN_REQUESTS, _qwen_reference,
+    "qwen2_vl": case("qwen2_vl", "Qwen2VLForConditionalGeneration", "IMAGE", _QWEN_REQUESTS, _qwen_reference,
                      _qwen_placeholders("Qwen2VLProcessor"), ("visual.",)),
-    "qwen2_5_vl": Case("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "IMAGE", _QWEN_REQUESTS,
+    "qwen2_5_vl": case("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "IMAGE", _QWEN_REQUESTS,
                        _qwen_reference, _qwen_placeholders("Qwen2_5_VLProcessor"), ("visual.",)),
-    "qwen3_vl": Case("qwen3_vl", "Qwen3VLForConditionalGeneration", "IMAGE", _QWEN3_REQUESTS, _qwen_reference,
+    "qwen3_vl": case("qwen3_vl", "Qwen3VLForConditionalGeneration", "IMAGE", _QWEN3_REQUESTS, _qwen_reference,
                      _qwen_placeholders("Qwen3VLProcessor"), ("model.visual.",), width=_deepstack_width),
-    "qwen3_5": Case("qwen3_5", "Qwen3_5ForConditionalGeneration", "IMAGE", _QWEN3_REQUESTS, _qwen_reference,
+    "qwen3_5": case("qwen3_5", "Qwen3_5ForConditionalGeneration", "IMAGE", _QWEN3_REQUESTS, _qwen_reference,
                     _qwen_placeholders("Qwen3VLProcessor"), ("model.visual.",), width=_deepstack_width),
 }
 
@@ -280,19 +293,147 @@ _AUDIO_REQUESTS = [
 _WHISPER_REQUESTS = [[Item(1.0, 1)], [Item(2.5, 2), Item(0.4, 3)], [Item(12.5, 4)]]
 
 CASES.update({
-    "llava": Case("llava", "LlavaForConditionalGeneration", "IMAGE", _LLAVA_REQUESTS,
+    "llava": case("llava", "LlavaForConditionalGeneration", "IMAGE", _LLAVA_REQUESTS,
                   _llava_reference("CLIPImageProcessorPil"), _llava_placeholders("LlavaProcessor", "CLIPImageProcessorPil"),
                   ("vision_tower.", "multi_modal_projector.")),
-    "llava_next": Case("llava_next", "LlavaNextForConditionalGeneration", "IMAGE", _LLAVA_REQUESTS,
+    "llava_next": case("llava_next", "LlavaNextForConditionalGeneration", "IMAGE", _LLAVA_REQUESTS,
                        _llava_reference("LlavaNextImageProcessorPil"),
                        _llava_placeholders("LlavaNextProcessor", "LlavaNextImageProcessorPil"),
                        ("vision_tower.", "multi_modal_projector.", "image_newline")),
-    "llava_onevision": Case("llava_onevision", "LlavaOnevisionForConditionalGeneration", "IMAGE", _OV_REQUESTS,
+    "llava_onevision": case("llava_onevision", "LlavaOnevisionForConditionalGeneration", "IMAGE", _OV_REQUESTS,
                             _llava_reference("LlavaOnevisionImageProcessorPil", nested=True),
                             _llava_placeholders("LlavaOnevisionProcessor", "LlavaOnevisionImageProcessorPil"),
                             ("vision_tower.", "multi_modal_projector.", "image_newline")),
-    "qwen2_audio": Case("qwen2_audio", "Qwen2AudioForConditionalGeneration", "AUDIO", _AUDIO_REQUESTS,
+    "qwen2_audio": case("qwen2_audio", "Qwen2AudioForConditionalGeneration", "AUDIO", _AUDIO_REQUESTS,
                         _qwen2_audio_reference, _qwen2_audio_placeholders, ("audio_tower.", "multi_modal_projector.")),
-    "whisper": Case("whisper", "WhisperForConditionalGeneration", "AUDIO", _WHISPER_REQUESTS, _whisper_reference,
+    "whisper": case("whisper", "WhisperForConditionalGeneration", "AUDIO", _WHISPER_REQUESTS, _whisper_reference,
                     _whisper_rows, ("model.encoder.",), width=lambda config: int(config.d_model)),
+})
+
+
+# --- Gemma 3, InternVL ----------------------------------------------------------------------------
+
+def _hosted_reference(image_processor: str, **call: Any) -> Callable[[Any, Path, list[list[Any]]], list[torch.Tensor]]:
+    def reference(model: Any, ckpt: Path, requests: list[list[Any]]) -> list[torch.Tensor]:
+        import transformers
+
+        processor = getattr(transformers, image_processor).from_pretrained(ckpt)
+        out = processor(images=_flat(requests), return_tensors="pt", **call)
+        with torch.inference_mode():
+            pooled = model.model.get_image_features(pixel_values=out["pixel_values"]).pooler_output
+        tiles = out.get("num_patches", [1] * len(_flat(requests)))
+        per_tile = list(pooled)
+        rows, start = [], 0
+        for n in (int(t) for t in tiles):
+            rows.append(torch.cat(per_tile[start : start + n]).reshape(-1, pooled.shape[-1]))
+            start += n
+        return rows
+
+    return reference
+
+
+def _gemma3_placeholders(ckpt: Path, requests: list[list[Any]]) -> list[int]:
+    from transformers import Gemma3ImageProcessorPil, Gemma3Processor
+
+    tok = hf_processors.tokenizer(ckpt)
+    processor = Gemma3Processor(image_processor=Gemma3ImageProcessorPil.from_pretrained(ckpt), tokenizer=tok,
+                                **_processor_kwargs(ckpt))
+    prompts = ["<bos>user " + "<start_of_image>" * len(r) + " describe" for r in requests]
+    out = processor(text=prompts, images=requests, return_tensors="pt", padding=True)
+    # The prompt's placeholder is <start_of_image>; the language model splices at <image_soft_token>.
+    return hf_processors.count(out["input_ids"], tok.convert_tokens_to_ids("<image_soft_token>"))
+
+
+def _internvl_placeholders(ckpt: Path, requests: list[list[Any]]) -> list[int]:
+    from transformers import GotOcr2ImageProcessorPil, InternVLProcessor
+
+    tok = hf_processors.tokenizer(ckpt)
+    processor = hf_processors.without_video(InternVLProcessor)(
+        image_processor=GotOcr2ImageProcessorPil.from_pretrained(ckpt), tokenizer=tok, **_processor_kwargs(ckpt)
+    )
+    prompts = ["<|im_start|>user\n" + "<IMG_CONTEXT>" * len(r) + "describe<|im_end|>" for r in requests]
+    out = processor(text=prompts, images=_flat(requests), return_tensors="pt", padding=True)
+    return hf_processors.count(out["input_ids"], tok.convert_tokens_to_ids("<IMG_CONTEXT>"))
+
+
+_TILED_REQUESTS = [
+    [Item((50, 30), 1)],
+    [Item((30, 90), 2), Item((64, 64), 3)],
+    [Item((20, 20), 4), Item((130, 40), 5)],
+]
+
+CASES.update({
+    "gemma3": case("gemma3", "Gemma3ForConditionalGeneration", "IMAGE", _TILED_REQUESTS,
+                   _hosted_reference("Gemma3ImageProcessorPil"), _gemma3_placeholders,
+                   ("vision_tower.", "multi_modal_projector.")),
+    "internvl": case("internvl", "InternVLForConditionalGeneration", "IMAGE", _TILED_REQUESTS,
+                     _hosted_reference("GotOcr2ImageProcessorPil", crop_to_patches=True), _internvl_placeholders,
+                     ("vision_tower.", "multi_modal_projector.")),
+})
+
+
+# --- Qwen2.5-Omni, Qwen3-Omni -------------------------------------------------------------------
+
+def _omni_processor(ckpt: Path, processor_cls: str) -> Any:
+    import transformers
+    from transformers import Qwen2VLImageProcessorPil, WhisperFeatureExtractor
+
+    return hf_processors.without_video(getattr(transformers, processor_cls))(
+        image_processor=Qwen2VLImageProcessorPil.from_pretrained(ckpt),
+        feature_extractor=WhisperFeatureExtractor.from_pretrained(ckpt),
+        tokenizer=hf_processors.tokenizer(ckpt),
+    )
+
+
+def _omni_placeholders(processor_cls: str, modality: str, tokens: dict[str, str]) -> Callable[[Path, list[list[Any]]], list[int]]:
+    def count(ckpt: Path, requests: list[list[Any]]) -> list[int]:
+        processor = _omni_processor(ckpt, processor_cls)
+        key = "image" if modality == "IMAGE" else "audio"
+        piece = f"{tokens[key + '_bos']}{tokens[key]}{tokens[key + '_eos']}"
+        prompts = ["<|im_start|>user\n" + piece * len(r) + "hi<|im_end|>" for r in requests]
+        media = {"images": _flat(requests)} if modality == "IMAGE" else {"audio": _flat(requests)}
+        out = processor(text=prompts, return_tensors="pt", padding=True, **media)
+        return hf_processors.count(out["input_ids"], processor.tokenizer.convert_tokens_to_ids(tokens[key]))
+
+    return count
+
+
+def _omni_audio_reference(padding: str) -> Callable[[Any, Path, list[list[Any]]], list[torch.Tensor]]:
+    """The thinker's own get_audio_features, on each item's features as its processor extracts a one-clip request."""
+
+    def reference(model: Any, ckpt: Path, requests: list[list[Any]]) -> list[torch.Tensor]:
+        from transformers import WhisperFeatureExtractor
+
+        extractor = WhisperFeatureExtractor.from_pretrained(ckpt)
+        rows = []
+        for wave in _flat(requests):
+            out = extractor([wave], sampling_rate=16_000, padding=padding, truncation=padding == "max_length",
+                            return_attention_mask=True, return_tensors="pt")
+            with torch.inference_mode():
+                rows.append(model.thinker.get_audio_features(out["input_features"], out["attention_mask"]).last_hidden_state)
+        return rows
+
+    return reference
+
+
+_OMNI25 = {"image": "<|IMAGE|>", "image_bos": "<|vision_bos|>", "image_eos": "<|vision_eos|>",
+           "audio": "<|AUDIO|>", "audio_bos": "<|audio_bos|>", "audio_eos": "<|audio_eos|>"}
+_OMNI3 = {"image": "<|image_pad|>", "image_bos": "<|vision_start|>", "image_eos": "<|vision_end|>",
+          "audio": "<|audio_pad|>", "audio_bos": "<|audio_start|>", "audio_eos": "<|audio_end|>"}
+# Lengths of whole 10 ms hops; 0.4 s and 0.7 s are shorter than Qwen3-Omni's 1 s audio chunk.
+_OMNI_AUDIO = [[Item(1.0, 1)], [Item(2.5, 2), Item(0.4, 3)], [Item(0.7, 4)], [Item(4.3, 5)]]
+
+CASES.update({
+    "qwen2_5_omni": Case("qwen2_5_omni", "Qwen2_5OmniForConditionalGeneration", [
+        Check("IMAGE", _QWEN_REQUESTS, _qwen_reference, _omni_placeholders("Qwen2_5OmniProcessor", "IMAGE", _OMNI25)),
+        Check("AUDIO", _OMNI_AUDIO, _omni_audio_reference("max_length"),
+              _omni_placeholders("Qwen2_5OmniProcessor", "AUDIO", _OMNI25)),
+    ], ("thinker.visual.", "thinker.audio_tower.")),
+    "qwen3_omni": Case("qwen3_omni", "Qwen3OmniMoeForConditionalGeneration", [
+        Check("IMAGE", _QWEN3_REQUESTS, _qwen_reference, _omni_placeholders("Qwen3OmniMoeProcessor", "IMAGE", _OMNI3),
+              width=lambda config: _deepstack_width(config.thinker_config)),
+        Check("AUDIO", _OMNI_AUDIO, _omni_audio_reference("longest"),
+              _omni_placeholders("Qwen3OmniMoeProcessor", "AUDIO", _OMNI3),
+              width=lambda config: int(config.thinker_config.audio_config.output_dim)),
+    ], ("thinker.visual.", "thinker.audio_tower.")),
 })

@@ -19,7 +19,7 @@ import pytest
 
 from encoder_pod.models.weights import read_header
 from tests.integration.encode_client import embedding, encode, encode_concurrently
-from tests.integration.family_cases import CASES, Case, full_model
+from tests.integration.family_cases import CASES, Check, full_model
 from tests.support.server import EncoderServer
 
 pytestmark = pytest.mark.integration
@@ -40,9 +40,9 @@ def _tower_bytes(ckpt: Path, prefixes: tuple[str, ...]) -> tuple[int, int]:
     return wanted, total
 
 
-def _bodies(case: Case, tag: str) -> list[dict]:
-    return [{"req_id": f"{tag}-{i}", "modality": case.modality, "mm_items": [item.uri(case.modality) for item in request]}
-            for i, request in enumerate(case.requests)]
+def _bodies(check: Check, tag: str) -> list[dict]:
+    return [{"req_id": f"{tag}-{i}", "modality": check.modality, "mm_items": [item.uri(check.modality) for item in request]}
+            for i, request in enumerate(check.requests)]
 
 
 def _rows_per_item(resp: httpx.Response) -> list[np.ndarray]:
@@ -52,33 +52,46 @@ def _rows_per_item(resp: httpx.Response) -> list[np.ndarray]:
     return np.split(rows, np.cumsum(counts)[:-1])
 
 
-@pytest.mark.parametrize("arch", sorted(CASES))
-def test_full_checkpoint_serves_what_the_language_model_consumes(arch, tiny_full_model):
-    case = CASES[arch]
-    ckpt = tiny_full_model(arch)
-    with EncoderServer(ckpt, env={**ENV, **case.env}) as server:
-        batched = encode_concurrently(server.base_url, _bodies(case, "b"))
-        assert [r.status_code for r in batched] == [200] * len(batched), [r.text[:300] for r in batched]
-        batches = server.metric("encoder_batch_size_count")
-        assert batches - server.metric("encoder_batch_size_bucket", 'le="1.0"') >= 1, "no batch of 2+ requests"
-        alone = [encode(server.base_url, body["req_id"] + "-alone", body["mm_items"], modality=case.modality)
-                 for body in _bodies(case, "a")]
-        info = httpx.get(server.base_url + "/server_info", timeout=10).json()["model"]
-    media = case.media()
-    model = full_model(case.full_cls, ckpt)
-    reference = case.reference(model, ckpt, media)
+def _served(server: EncoderServer, check: Check) -> tuple[list[httpx.Response], list[httpx.Response]]:
+    """Every request at once (they share batches), then each request alone."""
+    before = server.metric("encoder_batch_size_count") - server.metric("encoder_batch_size_bucket", 'le="1.0"')
+    batched = encode_concurrently(server.base_url, _bodies(check, f"b-{check.modality}"))
+    assert [r.status_code for r in batched] == [200] * len(batched), [r.text[:300] for r in batched]
+    after = server.metric("encoder_batch_size_count") - server.metric("encoder_batch_size_bucket", 'le="1.0"')
+    assert after > before, "no batch of 2+ requests was formed"
+    alone = [encode(server.base_url, body["req_id"], body["mm_items"], modality=check.modality)
+             for body in _bodies(check, f"a-{check.modality}")]
+    return batched, alone
+
+
+def _prove(check: Check, model, ckpt: Path, batched: list[httpx.Response], alone: list[httpx.Response]) -> None:
+    media = check.media()
+    reference = check.reference(model, ckpt, media)
     served = [rows for resp in batched for rows in _rows_per_item(resp)]
     single = [rows for resp in alone for rows in _rows_per_item(resp)]
     # Per item: the full model's own rows, by shape and value, batched and alone.
     assert [r.shape for r in served] == [r.shape for r in single] == [tuple(r.shape) for r in reference]
     for i, (got, one, ref) in enumerate(zip(served, single, reference)):
-        np.testing.assert_allclose(got, one, rtol=1e-4, atol=1e-5, err_msg=f"item {i}: batched vs alone")
-        np.testing.assert_allclose(got, ref.float().numpy(), rtol=1e-4, atol=1e-5, err_msg=f"item {i}: vs HF")
+        np.testing.assert_allclose(got, one, rtol=1e-4, atol=1e-5, err_msg=f"{check.modality} item {i}: batched vs alone")
+        np.testing.assert_allclose(got, ref.float().numpy(), rtol=1e-4, atol=1e-5, err_msg=f"{check.modality} item {i}: vs HF")
     # Per request: as many rows as the real processor puts placeholders in a prompt holding its items.
-    assert [sum(r.json()["item_token_counts"]) for r in batched] == case.placeholders(ckpt, media)
+    assert [sum(r.json()["item_token_counts"]) for r in batched] == check.placeholders(ckpt, media)
+    assert served[0].shape[1] == check.width(model.config)
+
+
+@pytest.mark.parametrize("arch", sorted(CASES))
+def test_full_checkpoint_serves_what_the_language_model_consumes(arch, tiny_full_model):
+    case = CASES[arch]
+    ckpt = tiny_full_model(arch)
+    with EncoderServer(ckpt, env={**ENV, **case.env}) as server:
+        answers = [_served(server, check) for check in case.checks]
+        info = httpx.get(server.base_url + "/server_info", timeout=10).json()["model"]
+    model = full_model(case.full_cls, ckpt)
+    for check, (batched, alone) in zip(case.checks, answers):
+        _prove(check, model, ckpt, batched, alone)
     tower, checkpoint = _tower_bytes(ckpt, case.tower_prefixes)
     assert (info["family"], info["layout"], info["dtype"]) == (arch, "full", "float32")
-    assert info["output_width"] == case.width(model.config) == served[0].shape[1]
+    assert info["output_width"] == case.checks[0].width(model.config)
     assert info["weights"]["checkpoint_bytes"] == checkpoint
     # Exactly the tower's and projector's tensors, plus the headers of the shards opened.
     assert tower <= info["weights_bytes_loaded"] <= tower + 64 * 1024 * info["weights"]["shards_opened"]

@@ -18,26 +18,19 @@ import torch
 
 
 def without_video(processor_cls: type) -> type:
-    """``processor_cls`` accepting ``video_processor=None`` and never building one."""
-    params = [
-        p for name, p in inspect.signature(processor_cls.__init__).parameters.items()
-        if name not in ("self", "video_processor") and p.kind is p.POSITIONAL_OR_KEYWORD
-    ]
-    defaults = {p.name: p.default for p in params}
-    # from_args_and_dict reads the accepted names off __init__.__code__: a real function is needed.
-    source = (
-        f"def __init__(self, {', '.join(f'{p.name}=_defaults[{p.name!r}]' for p in params)}, **kwargs):\n"
-        f"    _base.__init__(self, video_processor=None, {', '.join(f'{p.name}={p.name}' for p in params)}, **kwargs)\n"
-    )
-    scope: dict[str, Any] = {"_defaults": defaults, "_base": processor_cls}
-    exec(source, scope)
+    """``processor_cls`` accepting ``video_processor=None`` (its default here) and never building one."""
+
+    def __init__(self: Any, *args: Any, video_processor: Any = None, **kwargs: Any) -> None:
+        processor_cls.__init__(self, *args, video_processor=video_processor, **kwargs)
 
     def check_argument_for_proper_class(self: Any, name: str, argument: Any) -> Any:
         if name == "video_processor" and argument is None:
             return type(None)
         return processor_cls.check_argument_for_proper_class(self, name, argument)
 
-    namespace = {"__init__": scope["__init__"], "check_argument_for_proper_class": check_argument_for_proper_class}
+    # The sub-processors a processor has are read off its __init__'s signature: keep the real one.
+    __init__.__signature__ = inspect.signature(processor_cls.__init__)  # type: ignore[attr-defined]
+    namespace = {"__init__": __init__, "check_argument_for_proper_class": check_argument_for_proper_class}
     return type(processor_cls.__name__, (processor_cls,), namespace)
 
 
