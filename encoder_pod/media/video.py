@@ -28,6 +28,8 @@ class FramePlan:
     """Non-decreasing; a clip shorter than ``min_frames`` repeats frames."""
     fps: float
     """Sampled frames per second of source time."""
+    source_fps: float = 0.0
+    """The source's own frame rate (0 when the stream does not say)."""
 
 
 def plan_frames(total: int, native_fps: float, fps: float, min_frames: int, max_frames: int) -> FramePlan:
@@ -42,7 +44,7 @@ def plan_frames(total: int, native_fps: float, fps: float, min_frames: int, max_
     wanted = math.floor(duration * fps + 0.5)  # half up, not banker's rounding
     count = min(max(wanted, min_frames), max_frames)
     indices = np.linspace(0, total - 1, count).round().astype(int).tolist()
-    return FramePlan(indices=indices, fps=count / duration if duration > 0 else fps)
+    return FramePlan(indices=indices, fps=count / duration if duration > 0 else fps, source_fps=max(native_fps, 0.0))
 
 
 def decode_video(data: bytes, fps: float, min_frames: int, max_frames: int, max_pixels: int) -> VideoClip:
@@ -52,7 +54,8 @@ def decode_video(data: bytes, fps: float, min_frames: int, max_frames: int, max_
     total, native_fps, size = _count_frames(data, max_pixels)
     plan = plan_frames(total, native_fps, fps, min_frames, max_frames)
     frames = _decode_at(data, plan.indices, size)
-    return VideoClip(frames=frames, fps=plan.fps)
+    # Source positions and rate travel with the clip: Qwen3-VL's prompt timestamps are computed from them.
+    return VideoClip(frames=frames, fps=plan.fps, indices=tuple(plan.indices), source_fps=plan.source_fps or None)
 
 
 def _open(data: bytes) -> av.container.InputContainer:

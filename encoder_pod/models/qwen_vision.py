@@ -15,7 +15,7 @@ patches with the last frame). The size rules differ by generation:
 
 - Qwen2-VL / Qwen2.5-VL (``Qwen2VLVideoProcessor``): the pixel bounds apply to one frame.
 - Qwen3-VL / Qwen3.5 (``Qwen3VLVideoProcessor``): the bounds apply to the whole clip
-  (``t_bar * h * w``), with factor ``patch * merge``; :func:`clip_smart_resize` is its rule.
+  (``t_bar * h * w``), with factor ``patch * merge``: that processor's own ``smart_resize``.
 
 The one remaining difference from the video processors is the resampling filter (PIL bicubic vs
 torchvision's antialiased bicubic on tensors). Per video item the prefill side also needs timing:
@@ -26,7 +26,6 @@ torchvision's antialiased bicubic on tensors). Per video item the prefill side a
 from __future__ import annotations
 
 import json
-import math
 from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
@@ -36,6 +35,7 @@ import torch
 from PIL import Image
 from transformers import Qwen2VLImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize as clip_smart_resize
 
 from encoder_pod.errors import MediaError
 from encoder_pod.modality import Modality
@@ -71,25 +71,6 @@ def video_patches(frame_patches: torch.Tensor, frames: int, temporal: int, patch
     t = stills.shape[0] // temporal
     grouped = stills.reshape(t, temporal, per_frame, channels, patch * patch).permute(0, 2, 3, 1, 4)
     return grouped.reshape(t * per_frame, width), t
-
-
-def clip_smart_resize(
-    num_frames: int, height: int, width: int, temporal: int, factor: int, min_pixels: int, max_pixels: int
-) -> tuple[int, int]:
-    """``Qwen3VLVideoProcessor``'s resize rule (transformers 5.23): the bounds apply to the whole clip."""
-    if height < factor or width < factor:
-        scale = max(factor / height, factor / width)
-        height, width = int(height * scale), int(width * scale)
-    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
-    t_bar = round(num_frames / temporal) * temporal
-    if t_bar * h_bar * w_bar > max_pixels:
-        beta = math.sqrt((num_frames * height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif t_bar * h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (num_frames * height * width))
-        h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
 
 
 def grid_timestamps(clip: VideoClip, temporal: int) -> list[float]:
@@ -225,6 +206,7 @@ class QwenVisionAdapter(VisionAdapter):
             per_frame = max(min(self.video_pixel_cap, high // count), int(size["shortest_edge"] * 1.05))
             high = per_frame * count
         factor = proc.patch_size * proc.merge_size
+        # Qwen3VLVideoProcessor's own rule (its module imports without torchvision; the resize does not).
         return clip_smart_resize(count, height, width, proc.temporal_patch_size, factor, size["shortest_edge"], high)
 
     def _video_grid(self, item: MediaItem) -> list[int]:

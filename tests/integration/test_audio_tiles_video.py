@@ -90,19 +90,41 @@ def _bodies(arch: str, tag: str) -> list[dict]:
     return [{"req_id": f"{tag}-{i}", "modality": modality, "mm_items": mm} for i, mm in enumerate(items)]
 
 
-def _expected_counts(arch: str) -> list[list[int]]:
+def _llava_next_placeholders(ckpt: Path) -> list[list[int]]:
+    """<image> tokens the real LlavaNextProcessor expands per image (the packed rows its model splices)."""
+    from transformers import LlavaNextImageProcessorPil, LlavaNextProcessor
+
+    from tests.support import hf_processors
+
+    tok = hf_processors.tokenizer(ckpt)
+    kwargs = {k: v for k, v in json.loads((ckpt / "processor_config.json").read_text()).items() if k != "processor_class"}
+    processor = LlavaNextProcessor(image_processor=LlavaNextImageProcessorPil.from_pretrained(ckpt), tokenizer=tok, **kwargs)
+    counts = []
+    for request in IMAGE_REQUESTS:
+        images = [_noise(w, h, 0) for w, h in request]  # the count depends on the size alone
+        out = processor(text=["<image> hi"] * len(images), images=images, return_tensors="pt", padding=True)
+        counts.append(hf_processors.count(out["input_ids"], tok.convert_tokens_to_ids("<image>")))
+    return counts
+
+
+def _noise(width: int, height: int, seed: int):
+    from PIL import Image
+
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 255, size=(height, width, 3), dtype=np.uint8))
+
+
+def _expected_counts(arch: str, ckpt: Path) -> list[list[int]]:
     """Rows per item from the family's rule, computed here from the request itself."""
     if arch == "llava_next":
-        from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
-
-        pins = [[32, 64], [64, 32], [64, 64], [96, 32], [32, 96]]
-        return [[16 * image_size_to_num_patches((h, w), pins, 32) for w, h in r] for r in IMAGE_REQUESTS]
+        return _llava_next_placeholders(ckpt)
     rows = {"whisper": lambda f: (f - 1) // 2 + 1, "qwen2_audio": lambda f: ((f - 1) // 2 + 1 - 2) // 2 + 1}[arch]
+    # Whisper encodes every 30 s window; Qwen2-Audio, as its processor, only the first.
+    last = {"whisper": None, "qwen2_audio": 480_000}[arch]
     counts = []
     for request in AUDIO_REQUESTS:
         per_item = []
         for seconds, _ in request:
-            samples = int(round(seconds * 16_000))
+            samples = min(int(round(seconds * 16_000)), last or 10**12)
             windows = [min(480_000, samples - start) for start in range(0, samples, 480_000)]
             per_item.append(sum(max(rows(-(-w // 160)), 0) for w in windows))
         counts.append(per_item)
@@ -110,14 +132,14 @@ def _expected_counts(arch: str) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("arch", ["whisper", "qwen2_audio", "llava_next"])
-def test_concurrent_mixed_requests_each_get_their_own_embedding(server_for, arch):
+def test_concurrent_mixed_requests_each_get_their_own_embedding(server_for, tiny_model, arch):
     server = server_for(arch)
     batched = encode_concurrently(server.base_url, _bodies(arch, "b"))
     assert [r.status_code for r in batched] == [200] * len(batched), [r.text[:300] for r in batched]
     batches = server.metric("encoder_batch_size_count")
     singles = server.metric("encoder_batch_size_bucket", 'le="1.0"')
     assert batches - singles >= 1, "no batch larger than one request was formed"
-    for body, resp, counts in zip(_bodies(arch, "a"), batched, _expected_counts(arch)):
+    for body, resp, counts in zip(_bodies(arch, "a"), batched, _expected_counts(arch, tiny_model(arch))):
         assert resp.json()["item_token_counts"] == counts
         assert embedding(resp).shape == (sum(counts), server_info(server)["model"]["hidden_size"])
         alone = encode(server.base_url, body["req_id"], body["mm_items"], modality=body["modality"])
@@ -255,7 +277,7 @@ def _loader_with_padding_tile_bug(always: bool):
             calls.append(len(batch.item_tokens))
             # The first forward is the warmup: failing it would (rightly) keep the model from ready.
             if (always and len(calls) > 1) or len(batch.item_tokens) > 1:
-                return torch.cat([out, out[: adapter.rows_per_tile]])
+                return torch.cat([out, out[: adapter.tile_rows]])
             return out
 
         adapter.forward = forward
@@ -317,6 +339,7 @@ def test_rows_that_never_add_up_are_a_500_with_the_counts(tiny_model):
         assert resp.status_code == 500
         body = resp.json()
         assert body["status"] == "error" and body["req_id"] in ("t0", "t0-alone")
-        # 5 tiles x 16 rows promised; one padding tile's 16 rows too many produced.
-        assert "encoder output has 96 rows but preprocessing promised 80" in body["message"]
+        # 70 packed rows promised for the 64x48 image (base tile, 6x8 unpadded grid, 6 newlines);
+        # one tile's 16 rows too many produced.
+        assert "encoder output has 86 rows but preprocessing promised 70" in body["message"]
     assert _sample(metrics, "encoder_slice_mismatch_total") == 2

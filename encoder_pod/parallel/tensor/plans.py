@@ -23,9 +23,22 @@ _FAMILIES: dict[str, tuple[str, Callable[[dict[str, Any]], int]]] = {
 SUPPORTED = tuple(sorted(_FAMILIES))
 """The tower types tensor parallel can split."""
 
+# A whole checkpoint's vision_config may not name its model_type (Qwen2-VL's released configs do not).
+_WHOLE_TO_TOWER = {"qwen2_vl": "qwen2_vl_vision", "qwen2_5_vl": "qwen2_5_vl_vision"}
+
+
+def tower_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The tower's config: ``config`` itself, or the ``vision_config`` of a whole multimodal checkpoint."""
+    vision = config.get("vision_config")
+    if config.get("model_type") in _FAMILIES or not isinstance(vision, dict):
+        return config
+    model_type = vision.get("model_type") or _WHOLE_TO_TOWER.get(str(config.get("model_type")))
+    return {**vision, "model_type": model_type}
+
 
 def split_sizes(config: dict[str, Any]) -> tuple[int, int]:
     """(attention heads, MLP hidden units) of a tower config; ValueError for other models."""
+    config = tower_config(config)
     model_type = config.get("model_type")
     if model_type not in _FAMILIES:
         raise ValueError(

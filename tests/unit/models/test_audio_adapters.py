@@ -50,18 +50,22 @@ def test_batched_equals_alone_and_rows_follow_valid_frames(arch, tiny_adapter):
     assert batch.item_grids[0] == [[100]]
 
 
-@pytest.mark.parametrize("arch, full_window", [("whisper", 1500), ("qwen2_audio", 750)])
-def test_long_audio_is_cut_into_windows(arch, full_window, tiny_adapter):
-    """65 s = 30 s + 30 s + 5 s windows: full windows give the tower's full rows, in order."""
-    adapter = tiny_adapter(arch)
+def test_long_audio_is_windowed_for_whisper_and_cut_to_30s_for_qwen2_audio(tiny_adapter):
+    """65 s: Whisper encodes 30 s + 30 s + 5 s windows in order; Qwen2-Audio, as its processor, the first 30 s."""
     long = _audio(65.0, 7)
-    batch, (part,) = encode(adapter, [[long]])
-    assert batch.item_grids == [[[3000, 3000, 500]]]
-    tail = adapter.rows_for_frames(500)
-    assert batch.item_tokens == [[2 * full_window + tail]] == [[adapter.measure(long)]]
-    # The first window's rows are exactly the first 30 s encoded on its own.
-    _, (first,) = encode(adapter, [[MediaItem(Modality.AUDIO, long.data[: 30 * RATE])]])
-    torch.testing.assert_close(part.embedding[:full_window], first.embedding, atol=1e-5, rtol=1e-4)
+    first_30s = MediaItem(Modality.AUDIO, long.data[: 30 * RATE])
+    whisper = tiny_adapter("whisper")
+    batch, (part,) = encode(whisper, [[long]])
+    assert batch.item_grids == [[[6500]]]  # one length per item: the valid mel frames of all windows
+    assert batch.item_tokens == [[2 * 1500 + whisper.rows_for_frames(500)]] == [[whisper.measure(long)]]
+    _, (first,) = encode(whisper, [[first_30s]])
+    torch.testing.assert_close(part.embedding[:1500], first.embedding, atol=1e-5, rtol=1e-4)
+    qwen = tiny_adapter("qwen2_audio")
+    batch, (part,) = encode(qwen, [[long]])
+    assert batch.item_grids == [[[3000]]] and batch.item_tokens == [[750]] == [[qwen.measure(long)]]
+    _, (first,) = encode(qwen, [[first_30s]])
+    torch.testing.assert_close(part.embedding, first.embedding, atol=1e-5, rtol=1e-4)
+    assert qwen.info()["audio_longer_than_window"] == "truncated"
 
 
 def test_rows_per_frame_rules():

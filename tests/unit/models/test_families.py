@@ -22,6 +22,26 @@ CONFIGS = {
     "whisper": {"model_type": "whisper", "architectures": ["WhisperEncoder"]},
     "qwen2_audio": {"model_type": "qwen2_audio_encoder", "architectures": ["Qwen2AudioEncoder"]},
 }
+"""One config per family (the tower layout where the family has one)."""
+WHOLE = {
+    "qwen2_vl": {"model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"]},
+    "qwen2_5_vl": {"model_type": "qwen2_5_vl", "architectures": ["Qwen2_5_VLForConditionalGeneration"]},
+    "qwen3_vl": {"model_type": "qwen3_vl", "architectures": ["Qwen3VLForConditionalGeneration"]},
+    "qwen3_vl_moe": {"model_type": "qwen3_vl_moe", "architectures": ["Qwen3VLMoeForConditionalGeneration"]},
+    "qwen3_5": {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"]},
+    "qwen3_5_moe": {"model_type": "qwen3_5_moe", "architectures": ["Qwen3_5MoeForConditionalGeneration"]},
+    "qwen2_5_omni": {"model_type": "qwen2_5_omni", "architectures": ["Qwen2_5OmniForConditionalGeneration"]},
+    "qwen3_omni": {"model_type": "qwen3_omni_moe", "architectures": ["Qwen3OmniMoeForConditionalGeneration"]},
+    "llava": {"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"]},
+    "llava_next": {"model_type": "llava_next", "architectures": ["LlavaNextForConditionalGeneration"]},
+    "llava_onevision": {"model_type": "llava_onevision", "architectures": ["LlavaOnevisionForConditionalGeneration"]},
+    "gemma3": {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"]},
+    "internvl": {"model_type": "internvl", "architectures": ["InternVLForConditionalGeneration"]},
+    "qwen2_audio": {"model_type": "qwen2_audio", "architectures": ["Qwen2AudioForConditionalGeneration"]},
+    "whisper": {"model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"]},
+}
+"""Whole checkpoints as published (config.json's model_type and class), by the family that serves them."""
+ALL_FAMILIES = sorted(set(CONFIGS) | {name.removesuffix("_moe") for name in WHOLE} | {"qwen3_omni"})
 
 
 def _no_code() -> FamilyCode:
@@ -29,7 +49,15 @@ def _no_code() -> FamilyCode:
 
 
 def test_the_arch_names_of_make_tiny_model_are_the_families():
-    assert default_registry().names() == sorted(CONFIGS)
+    assert default_registry().names() == ALL_FAMILIES
+
+
+@pytest.mark.parametrize("kind", sorted(WHOLE))
+def test_whole_checkpoints_are_found_as_full_layouts_of_their_family(kind, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(WHOLE[kind]))
+    found = default_registry().discover(tmp_path)
+    assert (found.family, found.layout, found.architecture) == (
+        kind.removesuffix("_moe") if kind != "qwen3_omni" else kind, Layout.FULL, WHOLE[kind]["architectures"][0])
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -39,6 +67,7 @@ def test_discovery_describes_what_it_found(name, tmp_path):
     named = CONFIGS[name].get("architectures", [None])[0]
     assert found == Checkpoint(tmp_path, name, found.layout, CONFIGS[name]["model_type"], named, {})
     assert found.layout is (Layout.FULL if name == "llava_next" else Layout.TOWER)
+    assert found.family in ALL_FAMILIES
     assert found.config == CONFIGS[name]
 
 
@@ -69,10 +98,12 @@ def test_a_checkpoint_two_families_claim_is_refused(tmp_path):
 
 
 def test_unknown_arch_and_unwritable_layout_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="unknown arch 'gpt9'; known: clip, llava_next"):
+    with pytest.raises(ValueError, match="unknown arch 'gpt9'; known: clip, gemma3"):
         default_registry().get("gpt9")
-    with pytest.raises(ValueError, match="qwen2_vl has no tiny full checkpoint; known: tower"):
-        default_registry().get("qwen2_vl").write_tiny(tmp_path / "m", layout=Layout.FULL)
+    with pytest.raises(ValueError, match="clip has no tiny full checkpoint; known: tower"):
+        default_registry().get("clip").write_tiny(tmp_path / "m", layout=Layout.FULL)
+    with pytest.raises(ValueError, match="qwen3_vl has no tiny tower checkpoint; known: full"):
+        default_registry().get("qwen3_vl").write_tiny(tmp_path / "m", layout=Layout.TOWER)
     assert not (tmp_path / "m").exists()
 
 

@@ -38,6 +38,9 @@ def test_generated_clip_decodes_to_the_sampled_frames():
     clip = decode_video(data, fps=2.0, min_frames=2, max_frames=64, max_pixels=BIG)
     assert clip.frames.shape == (4, 48, 64, 3) and clip.frames.dtype == np.uint8
     assert clip.fps == pytest.approx(2.0)
+    # Where the frames sit in the source travels with them (Qwen3-VL's prompt timestamps).
+    assert clip.indices == (0, 16, 31, 47) and clip.source_fps == pytest.approx(24.0)
+    assert clip.timestamps() == pytest.approx([0.0, 16 / 24, 31 / 24, 47 / 24])
     # The frames are the source frames at indices 0, 16, 31, 47 (within codec loss).
     source = video_frames(48, 64, 48, seed=3)
     for got, index in zip(clip.frames, plan_frames(48, 24.0, 2.0, 2, 64).indices):

@@ -139,3 +139,46 @@ def test_video_config_that_does_not_fit_is_refused(tiny_model, load_checkpoint, 
     (path / VIDEO_CONFIG).write_text(json.dumps(config))
     with pytest.raises(RuntimeError, match="temporal_patch_size 4 differs"):
         load_checkpoint(path)
+
+
+# --- Qwen3-VL video: bounds over the whole clip, timestamps; Qwen2.5-VL: seconds per grid ----------
+
+def test_qwen3_video_size_is_bounded_over_the_whole_clip(tiny_full_model, load_checkpoint):
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize as qwen3_rule
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as per_frame_rule
+
+    adapter = load_checkpoint(tiny_full_model("qwen3_vl"), ENCODER_DEVICE="cpu")
+    size = adapter.video_kwargs["size"]
+    for count, width, height in [(5, 100, 80), (8, 320, 240), (2, 64, 64), (3, 500, 90)]:
+        clip = _clip(count, width, height)
+        h, w = qwen3_rule(count, height, width, 2, 32, size["shortest_edge"], size["longest_edge"])
+        expected = [-(-count // 2), h // 16, w // 16]
+        batch = adapter.preprocess([[clip]])
+        assert batch.item_grids == [[expected]] and adapter.measure(clip) == expected[0] * expected[1] * expected[2] // 4
+    # The per-frame rule of Qwen2-VL would give another grid for the long clip: the rules differ.
+    h, w = per_frame_rule(240, 320, factor=32, min_pixels=size["shortest_edge"], max_pixels=size["longest_edge"])
+    assert [h // 16, w // 16] != adapter.preprocess([[_clip(8, 320, 240)]]).item_grids[0][0][1:]
+    with pytest.raises(ValueError, match="at least 2 frames"):
+        adapter.measure(_clip(1, 64, 64))
+
+
+def test_qwen3_video_timestamps_are_the_processors(tiny_full_model, load_checkpoint):
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+
+    adapter = load_checkpoint(tiny_full_model("qwen3_vl"), ENCODER_DEVICE="cpu")
+    sampled = VideoClip(video_frames(5, 64, 64, seed=1), fps=0.5, indices=(0, 48, 96, 144, 192), source_fps=24.0)
+    unknown = VideoClip(video_frames(4, 64, 64, seed=2), fps=2.0)
+    batch = adapter.preprocess([[MediaItem(Modality.VIDEO, sampled), MediaItem(Modality.VIDEO, unknown)]])
+    # _calculate_timestamps does not use its processor: called unbound with the clip's source positions.
+    expected = Qwen3VLProcessor._calculate_timestamps(None, [0, 48, 96, 144, 192], 24.0, 2)
+    assert batch.request_extras == [{"video_timestamps": [expected, [0.25, 1.25]]}]
+    assert len(expected) == batch.item_grids[0][0][0]  # one timestamp per temporal grid
+
+
+def test_qwen2_5_video_sends_seconds_per_grid_and_qwen2_nothing(tiny_adapter):
+    clips = [_clip(4, 64, 48, seed=1), MediaItem(Modality.VIDEO, VideoClip(video_frames(3, 64, 48, seed=2), fps=1.5))]
+    assert tiny_adapter("qwen2_5_vl").preprocess([clips]).request_extras == [{"second_per_grid_ts": [1.0, 2 / 1.5]}]
+    assert tiny_adapter("qwen2_vl").preprocess([clips]).request_extras == [{}]
+    batch = tiny_adapter("qwen2_5_vl").preprocess([[_clip(2, 56, 56)], [_clip(2, 56, 56)]])
+    parts = tiny_adapter("qwen2_5_vl").postprocess(tiny_adapter("qwen2_5_vl").forward(batch), batch)
+    assert [p.extras for p in parts] == [{"second_per_grid_ts": [1.0]}] * 2

@@ -161,12 +161,12 @@ def test_each_checkpoint_matches_only_its_own_family(arch, tiny_model):
 @pytest.mark.parametrize(
     "config",
     [
-        # Full vision-language / dual-encoder checkpoints are not towers: their weights are prefixed.
-        {"model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"]},
+        # Dual-encoder checkpoints are not towers (their weights are prefixed), nor whole vision-language ones.
+        {"model_type": "qwen2_vl", "architectures": ["Qwen2VLModel"]},
         {"model_type": "clip", "architectures": ["CLIPModel"]},
         {"model_type": "siglip", "architectures": ["SiglipModel"]},
         {"model_type": "siglip2_vision_model", "architectures": ["Siglip2VisionModel"]},
-        {"model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"]},
+        {"model_type": "whisper", "architectures": ["WhisperForAudioClassification"]},
         # Contradicting fields: trust neither.
         {"model_type": "clip_vision_model", "architectures": ["SiglipVisionModel"]},
         {"architectures": ["CLIPVisionModel"]},
@@ -203,7 +203,8 @@ def test_bfloat16_matches_float32_loosely(arch, tiny_model, tiny_adapter, load_c
 
 
 def test_make_tiny_model_refuses_unknown_names(tmp_path):
-    with pytest.raises(ValueError, match="unknown arch 'nope'; known: clip, llava_next, qwen2_5_vl, qwen2_audio, qwen2_vl, siglip, whisper"):
+    known = "clip, gemma3, internvl, llava, llava_next, llava_onevision, qwen2_5_omni, qwen2_5_vl, qwen2_audio, qwen2_vl, qwen3_5, qwen3_omni, qwen3_vl, siglip, whisper"
+    with pytest.raises(ValueError, match=f"unknown arch 'nope'; known: {known}"):
         make_tiny_model("nope", tmp_path / "a")
     with pytest.raises(ValueError, match="unknown preset 'huge'; known: tiny, moderate"):
         make_tiny_model("clip", tmp_path / "b", preset="huge")
