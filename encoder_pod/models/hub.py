@@ -102,6 +102,12 @@ def is_local(spec: str) -> bool:
     return bool(spec) and Path(spec).is_dir()
 
 
+def looks_like_a_path(spec: str) -> bool:
+    """A filesystem path, not a hub id: absolute, relative to . or ~, or more than one folder deep."""
+    text = spec.strip()
+    return text.startswith(("/", "./", "../", "~")) or (not text.startswith(SCHEME) and text.partition("@")[0].count("/") > 1)
+
+
 def resolve_model_dir(model: ModelSettings, *, download: bool = True, cache_dir: str | None = None) -> Path:
     """The checkpoint directory for ``model.model_path``: the directory itself, or the cached snapshot.
 
@@ -109,7 +115,7 @@ def resolve_model_dir(model: ModelSettings, *, download: bool = True, cache_dir:
     downloaded (``download`` and offline mode off) or :class:`ModelNotFound` says which file is missing.
     """
     spec = model.model_path
-    if is_local(spec):
+    if is_local(spec) or looks_like_a_path(spec):
         if not (Path(spec) / "config.json").is_file():
             raise ModelPathError(f"invalid setting {ENV_PREFIX}MODEL_PATH / --model-path: no config.json in {spec!r}")
         return Path(spec)
