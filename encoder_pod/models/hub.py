@@ -155,6 +155,7 @@ class _Fetcher:
         }
 
     def run(self) -> Path:
+        """The snapshot folder, once every file the encoder needs is in it."""
         config = self._get("config.json", required=True)
         assert config is not None
         snapshot = config.parent

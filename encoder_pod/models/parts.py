@@ -24,7 +24,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 import torch
 from torch import nn
 
-from encoder_pod.models.weights import CheckpointError, ReadReport, SafetensorsIndex, load_strict
+from encoder_pod.models.weights import CheckpointError, ReadReport, SafetensorsIndex, check_names
 
 log = logging.getLogger(__name__)
 
@@ -144,15 +144,17 @@ class FullCheckpoint:
         return empty_model(lambda: cls(config)).to(dtype).eval()
 
     def load(self, parts: Mapping[str, PartModule]) -> ReadReport:
-        """Read only the tensors of ``parts`` (module path -> built module) and load each strictly."""
+        """Read only the tensors of ``parts`` (module path -> built module), strictly, into the modules themselves.
+
+        Every part's tensor names are checked against the checkpoint before a byte is read.
+        """
         plan = self.plan(list(parts))
-        tensors, report = self.index.read(plan.keys())
+        targets: dict[str, torch.Tensor] = {}
         for path, module in parts.items():
-            state = {local: tensors[key] for key, local in plan.parts[path].items()}
-            if isinstance(module, nn.Parameter):
-                _load_parameter(module, state, path)
-            else:
-                load_strict(module, state, f"{path} ({type(module).__name__})")
+            own = {"": module} if isinstance(module, nn.Parameter) else module.state_dict(keep_vars=True)
+            check_names(own, plan.parts[path].values(), f"{path} ({type(module).__name__})")
+            targets.update({key: own[local] for key, local in plan.parts[path].items()})
+        report = self.index.read_into(targets)
         log.info(
             "read %d tensors (%d bytes) from %d of %d shards of %s",
             report.tensors,
@@ -162,16 +164,6 @@ class FullCheckpoint:
             self.model_dir,
         )
         return report
-
-
-@torch.no_grad()
-def _load_parameter(param: nn.Parameter, state: Mapping[str, torch.Tensor], path: str) -> None:
-    if set(state) != {""}:
-        raise CheckpointError(f"checkpoint does not match {path}: expected one tensor, found {sorted(state)}")
-    value = state[""]
-    if tuple(value.shape) != tuple(param.shape):
-        raise CheckpointError(f"checkpoint does not match {path}: shape {tuple(value.shape)} vs {tuple(param.shape)}")
-    param.copy_(value)
 
 
 def new_parameter(shape: Sequence[int], dtype: torch.dtype) -> nn.Parameter:

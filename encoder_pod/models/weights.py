@@ -151,10 +151,15 @@ class SafetensorsIndex:
         """The shard files holding ``keys`` (what a download limited to them must fetch)."""
         return sorted({self.weight_map[key] for key in keys})
 
-    def read(self, keys: Iterable[str]) -> tuple[dict[str, torch.Tensor], ReadReport]:
-        """The tensors named ``keys``, each read alone from its shard; the report of what it cost."""
+    def read_into(self, targets: Mapping[str, torch.Tensor]) -> ReadReport:
+        """Fill each tensor of ``targets`` (checkpoint key -> the module's own tensor) from the checkpoint.
+
+        Each tensor's bytes are read alone, straight into the target's storage when it is a
+        contiguous CPU tensor of the file's dtype (no second copy, no second page-in), else into
+        a scratch tensor that is then cast into the target. Shapes must match exactly.
+        """
         by_shard: dict[str, list[str]] = defaultdict(list)
-        for key in keys:
+        for key in targets:
             if key not in self.weight_map:
                 raise CheckpointError(f"{self.model_dir}: no tensor {key!r} in the checkpoint")
             by_shard[self.weight_map[key]].append(key)
@@ -162,23 +167,28 @@ class SafetensorsIndex:
         if missing:
             raise CheckpointError(f"{self.model_dir}: shards holding the encoder's tensors are not there: {sorted(missing)}")
         report = ReadReport(shards_total=len(self.shards), checkpoint_bytes=self.checkpoint_bytes)
-        tensors: dict[str, torch.Tensor] = {}
-        for shard, names in sorted(by_shard.items()):
-            report.bytes_read += self._read_shard(self.model_dir / shard, sorted(names), tensors)
-            report.shards_opened.append(shard)
-        report.tensors = len(tensors)
-        return tensors, report
+        with torch.no_grad():
+            for shard, names in sorted(by_shard.items()):
+                report.bytes_read += self._read_shard(self.model_dir / shard, names, targets)
+                report.shards_opened.append(shard)
+        report.tensors = len(targets)
+        return report
 
     @staticmethod
-    def _read_shard(path: Path, names: list[str], into: dict[str, torch.Tensor]) -> int:
-        """Read ``names`` from one shard into ``into``; returns the bytes read."""
+    def _read_shard(path: Path, names: list[str], targets: Mapping[str, torch.Tensor]) -> int:
+        """Read ``names`` from one shard into their targets; returns the bytes read."""
         header_bytes, header = read_header(path)
         total = header_bytes
         infos = {name: _tensor_info(path, name, header) for name in names}
+        for name, info in infos.items():
+            if tuple(targets[name].shape) != info.shape:
+                raise CheckpointError(f"{path}: {name} has shape {info.shape}, the model's is {tuple(targets[name].shape)}")
         with open(path, "rb", buffering=0) as f:
             # In file order: a shard is then read front to back, never seeking backwards.
             for name, info in sorted(infos.items(), key=lambda item: item[1].begin):
-                tensor = torch.empty(info.shape, dtype=_DTYPES[info.dtype])
+                target = targets[name].detach()
+                direct = target.device.type == "cpu" and target.is_contiguous() and target.dtype == _DTYPES[info.dtype]
+                tensor = target if direct else torch.empty(info.shape, dtype=_DTYPES[info.dtype])
                 buffer = memoryview(tensor.view(-1).view(torch.uint8).numpy()) if tensor.numel() else memoryview(b"")
                 if len(buffer) != info.nbytes:
                     raise CheckpointError(f"{path}: {name} is {info.nbytes} bytes, its shape and dtype need {len(buffer)}")
@@ -187,7 +197,8 @@ class SafetensorsIndex:
                 if got != info.nbytes:
                     raise CheckpointError(f"{path}: {name} is truncated ({got} of {info.nbytes} bytes)")
                 total += got
-                into[name] = tensor
+                if not direct:
+                    target.copy_(tensor)
         return total
 
 
@@ -202,11 +213,10 @@ def _tensor_info(path: Path, name: str, header: Mapping[str, Any]) -> TensorInfo
     return TensorInfo(path.name, dtype, tuple(int(n) for n in entry["shape"]), int(begin), int(end))
 
 
-def load_strict(module: torch.nn.Module, state: Mapping[str, torch.Tensor], what: str) -> None:
-    """``module.load_state_dict(state, strict=True)``, failing with the names of what does not fit."""
-    own = module.state_dict()
-    expected = set(own)
-    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+def check_names(own: Iterable[str], found: Iterable[str], what: str) -> None:
+    """:class:`CheckpointError` naming the tensors ``what`` has that the checkpoint lacks, or the other way."""
+    expected, got = set(own), set(found)
+    missing, unexpected = sorted(expected - got), sorted(got - expected)
     if missing or unexpected:
         parts = []
         if missing:
@@ -214,14 +224,6 @@ def load_strict(module: torch.nn.Module, state: Mapping[str, torch.Tensor], what
         if unexpected:
             parts.append(f"unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''} ({len(unexpected)})")
         raise CheckpointError(f"checkpoint does not match {what}: {'; '.join(parts)}")
-    wrong = [
-        f"{name} {tuple(tensor.shape)} vs {tuple(own[name].shape)}"
-        for name, tensor in state.items()
-        if tuple(tensor.shape) != tuple(own[name].shape)
-    ]
-    if wrong:
-        raise CheckpointError(f"checkpoint does not match {what}: shapes differ: {wrong[:8]}")
-    module.load_state_dict(dict(state), strict=True)
 
 
 def whole_checkpoint_report(model_dir: Path) -> ReadReport:

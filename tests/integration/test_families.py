@@ -92,6 +92,8 @@ def test_full_checkpoint_serves_what_the_language_model_consumes(arch, tiny_full
     tower, checkpoint = _tower_bytes(ckpt, case.tower_prefixes)
     assert (info["family"], info["layout"], info["dtype"]) == (arch, "full", "float32")
     assert info["output_width"] == case.checks[0].width(model.config)
+    assert info["tower_parameters"] == sum(
+        p.numel() for name, p in model.named_parameters() if name.startswith(case.modules))
     assert info["weights"]["checkpoint_bytes"] == checkpoint
     # Exactly the tower's and projector's tensors, plus the headers of the shards opened.
     assert tower <= info["weights_bytes_loaded"] <= tower + 64 * 1024 * info["weights"]["shards_opened"]
