@@ -74,6 +74,8 @@ bench: model
 
 lint: venv
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy encoder_pod
+	$(VENV)/bin/vulture
 
 kind-e2e: venv
 	bash hack/kind-e2e.sh

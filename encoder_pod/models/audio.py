@@ -91,7 +91,7 @@ class AudioAdapter(BaseAdapter):
     """A Whisper-style tower with a ``WhisperFeatureExtractor``; subclasses count rows and run it."""
 
     modalities: ClassVar[frozenset[Modality]] = frozenset({Modality.AUDIO})
-    model_cls: ClassVar[type]
+    model_cls: ClassVar[type[Any]]
     config_cls: ClassVar[type]
     presets: ClassVar[dict[str, dict[str, Any]]]
     """Tower sizes of the tiny checkpoints (:func:`write_tiny`)."""
@@ -199,7 +199,7 @@ class AudioAdapter(BaseAdapter):
         frames = out["attention_mask"].sum(-1)
         # Rows from the mask the extractor really produced: the slicing plan follows the data.
         window_rows = [self.rows_for_frames(int(f)) for f in frames]
-        item_rows, item_frames = [0] * len(items), [[] for _ in items]
+        item_rows, item_frames = [0] * len(items), [list[int]() for _ in items]
         for owner, rows, count in zip(owners, window_rows, frames.tolist()):
             item_rows[owner] += rows
             item_frames[owner].append(int(count))

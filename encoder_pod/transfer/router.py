@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 from encoder_pod.errors import InvalidRequest
 from encoder_pod.protocol import EncodeRequest
 from encoder_pod.settings import TransferBackend, TransferSettings
-from encoder_pod.transfer.base import Transfer
-from encoder_pod.transfer.inline import InlineTransfer
+from encoder_pod.offload import Offload
+from encoder_pod.transfer.base import InlineTransfer, Transfer
 
 if TYPE_CHECKING:
     from encoder_pod.transfer.zmq_push import ZmqTransfer
@@ -21,21 +21,16 @@ if TYPE_CHECKING:
 class TransferRouter:
     """Holds one instance of each backend in use and picks one per request."""
 
-    def __init__(self, settings: TransferSettings, *, max_registrations: int) -> None:
-        """``max_registrations``: receive URLs held at once (zmq_to_scheduler), the admission bound."""
-        self._inline = InlineTransfer()
+    def __init__(self, settings: TransferSettings, *, max_registrations: int, offload: Offload) -> None:
+        """``max_registrations``: receive URLs held at once (zmq_to_scheduler), the admission bound;
+        ``offload``: the threads that build inline answers."""
+        self._inline = InlineTransfer(offload)
         self._zmq: ZmqTransfer | None = None
         if settings.encoder_transfer_backend is not TransferBackend.INLINE:
             # Imported here: an inline-only pod never loads the ZMQ machinery.
             from encoder_pod.transfer.zmq_push import ZmqTransfer
 
             self._zmq = ZmqTransfer(settings, settings.encoder_transfer_backend, max_registrations=max_registrations)
-        self._configured: Transfer = self._zmq or self._inline
-
-    @property
-    def configured(self) -> Transfer:
-        """The ENCODER_TRANSFER_BACKEND instance (inline when that is the setting)."""
-        return self._configured
 
     def for_request(self, request: EncodeRequest) -> Transfer:
         """The backend that delivers this request's embedding; rejects ports that do not fit it."""

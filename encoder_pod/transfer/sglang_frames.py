@@ -62,7 +62,10 @@ class _SglangModality(Enum):
     AUDIO = 3
 
 
-class _NamingPickler(pickle._Pickler):  # type: ignore[name-defined,misc]
+_PurePickler: Any = pickle._Pickler  # the pure-Python pickler; its save/write/memoize are not in the stubs
+
+
+class _NamingPickler(_PurePickler):
     """Pure-Python pickler that writes given module/name pairs for the stand-in classes."""
 
     def __init__(self, file: io.BytesIO, protocol: int, names: dict[type, tuple[str, str]]) -> None:

@@ -67,11 +67,6 @@ class ZmqTransfer(Transfer):
         """The socket pool (tests read its open-socket count)."""
         return self._sender
 
-    @property
-    def registrations(self) -> ReceiveUrlTable:
-        """Pending /scheduler_receive_url registrations."""
-        return self._table
-
     # --- destinations -----------------------------------------------------------------------
     def check(self, request: EncodeRequest) -> None:
         """Reject, before any work, a request whose ports do not fit this backend."""

@@ -56,7 +56,12 @@ class EncoderServer:
                "--host", "127.0.0.1", "--port", str(self.port), *self._args]
         self.proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         if wait_ready:
-            self.wait_status("/health", 200, timeout)
+            try:
+                self.wait_status("/health", 200, timeout)
+            except BaseException:
+                # `with EncoderServer(...)` never reaches __exit__ when start fails: stop it here.
+                self.stop(signal.SIGKILL, timeout=10)
+                raise
         return self
 
     def wait_status(self, path: str, status: int, timeout: float) -> None:
