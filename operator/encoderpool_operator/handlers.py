@@ -15,7 +15,6 @@ the operator is down); the periodic resync is therefore the engine's own task, n
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -40,9 +39,6 @@ WATCHED: dict[str, tuple[str, str, str]] = {
 }
 WATCHED_CHILDREN = tuple(WATCHED.values())
 FORBIDDEN_RETRY_SECONDS = 60.0
-# The StatefulSet controller usually observes a write within a second: look once more before
-# handing the wait to kopf, whose retry is logged as an error.
-SETTLE_SECONDS = 1.0
 
 
 def to_kopf(exc: errors.OperatorError, settings: OperatorSettings) -> Exception:
@@ -57,12 +53,14 @@ def to_kopf(exc: errors.OperatorError, settings: OperatorSettings) -> Exception:
 
 
 def raise_for(outcome: Outcome, settings: OperatorSettings) -> None:
-    """Tell kopf how a reconcile of a create/update/resume went (returning = done)."""
+    """Tell kopf how a reconcile of a create/update/resume went (returning = done).
+
+    Waiting for the StatefulSet controller is no retry: its status update is a watch event that
+    nudges the pool again (and the resync backs that up), so a kopf retry would only repeat it.
+    """
     if outcome.failed:
         # kopf stops retrying; the next spec change (an update) runs the handler again.
         raise kopf.PermanentError(outcome.failed)
-    if outcome.waiting:
-        raise kopf.TemporaryError(outcome.waiting, delay=settings.wait_seconds)
 
 
 def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
@@ -145,9 +143,6 @@ def build_registry(engine: Engine, cache: WatchCache) -> kopf.OperatorRegistry:
         engine.cache_ready()
         try:
             outcome = await engine.reconcile(namespace, name)
-            if outcome.waiting:
-                await asyncio.sleep(SETTLE_SECONDS)
-                outcome = await engine.reconcile(namespace, name)
         except errors.OperatorError as exc:
             raise to_kopf(exc, settings) from exc
         raise_for(outcome, settings)

@@ -60,7 +60,7 @@ class OperatorSettings(BaseSettings):
         5.0,
         gt=0,
         le=600,
-        description="Retry delay while the StatefulSet controller has not observed our last write.",
+        description="Retry delay after a temporary error (a conflict, an API server that did not answer).",
     )
     request_timeout_seconds: float = Field(
         30.0, gt=0, le=600, description="Timeout of each request to the API server."
