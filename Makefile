@@ -74,7 +74,7 @@ bench: model
 
 lint: venv
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/mypy encoder_pod
+	$(VENV)/bin/mypy encoder_pod operator
 	$(VENV)/bin/vulture
 
 kind-e2e: venv

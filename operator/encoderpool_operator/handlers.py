@@ -79,6 +79,12 @@ def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
     return ks
 
 
+def _any(handler: Any) -> Any:
+    """A handler as kopf's decorators take it. kopf types each handler kind as a callback that
+    declares every kwarg it may pass; ours take the few they use plus ``**_``, as kopf allows."""
+    return handler
+
+
 def index_name(kind: str) -> str:
     """The kopf index (and handler kwarg) name of a watched kind."""
     return f"encoderpool_{kind.lower()}s"
@@ -118,7 +124,7 @@ def register_watches(registry: kopf.OperatorRegistry, engine: Engine) -> None:
                 return None
             return {(namespace, pool): podstate.compact(dict(body)) if kind == "Pod" else _cached_child(body)}
 
-        kopf.index(group, version, plural, labels=selector, id=index_name(kind), registry=registry)(index)
+        kopf.index(group, version, plural, labels=selector, id=index_name(kind), registry=registry)(_any(index))
 
         async def changed(labels: kopf.Labels, namespace: str, plural: str = plural, **_: Any) -> None:
             engine.cache_ready()
@@ -127,7 +133,7 @@ def register_watches(registry: kopf.OperatorRegistry, engine: Engine) -> None:
             if pool:
                 await engine.nudge(namespace, pool)
 
-        kopf.on.event(group, version, plural, labels=selector, id=f"child-{plural}", registry=registry)(changed)
+        kopf.on.event(group, version, plural, labels=selector, id=f"child-{plural}", registry=registry)(_any(changed))
 
 
 def build_registry(engine: Engine, cache: WatchCache) -> kopf.OperatorRegistry:
@@ -149,7 +155,7 @@ def build_registry(engine: Engine, cache: WatchCache) -> kopf.OperatorRegistry:
         # Nothing is returned: kopf would store a return value under status.
 
     for cause in (kopf.on.create, kopf.on.update, kopf.on.resume):
-        cause(names.GROUP, names.VERSION, names.PLURAL, id="reconcile", registry=registry)(reconcile_pool)
+        cause(names.GROUP, names.VERSION, names.PLURAL, id="reconcile", registry=registry)(_any(reconcile_pool))
 
     @kopf.on.startup(registry=registry)
     async def start_resync(**kwargs: Any) -> None:
