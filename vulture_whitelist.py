@@ -18,6 +18,7 @@ http_server.health_generate
 http_server.metrics_route
 http_server.server_info
 http_server.scheduler_receive_url
+http_server.scheduler_receive_meta_data
 # json.JSONDecoder's scanner reads these attributes; Starlette reads media_type; ASGI passes scope.
 json_body._SlicedDecoder.parse_string
 json_body._SlicedDecoder.scan_once
@@ -33,7 +34,14 @@ pull.EmbeddingReceiver.rejected
 push_sender.PushSender.open_sockets
 # pydantic-settings reads model_config; validators are registered by decorator; a documented setting.
 _.model_config
-_._split_hosts
+_._split_domains
+_._normalise_domains
+_._split_urls
+_._check_urls
+_._check_advertise
+_._old_wire_value
+# Settings values pydantic parses from the environment.
+_.ZMQ_TO_SCHEDULER
 _._check_frames
 _.image_processor_use_gpu
 # Set on library objects that read them: PyAV's decoder, the HF CLIP and LLaVA configs.

@@ -66,7 +66,8 @@ class EncoderRuntime:
         self._loader = adapter_loader
         self._offload = Offload(name="runtime-offload")
         self._transfer = transfer or TransferRouter(
-            settings.transfer, max_registrations=settings.admission.max_queue, offload=self._offload
+            settings.transfer, max_registrations=settings.admission.max_queue, offload=self._offload,
+            bind_host=settings.server.host,
         )
         self._scheduler: BatchScheduler | None = None
         self._media_exec = ThreadPoolExecutor(settings.media.mm_load_workers, thread_name_prefix="media")
@@ -224,7 +225,7 @@ class EncoderRuntime:
         a fault of ours: logged here once with its traceback, answered 500.
         """
         try:
-            data = self._sources.fetch(spec.source)
+            data = self._sources.fetch_item(spec)
             item = decode_item(request.modality, data, adapter, self.settings.media)
             return item, adapter.measure(item)
         except MediaError as exc:
@@ -289,6 +290,14 @@ class EncoderRuntime:
     def registry(self) -> CollectorRegistry:
         """The registry /metrics renders (the HTTP edge adds its families to it)."""
         return self.metrics.registry
+
+    async def mooncake_meta(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """mooncake: a prefill rank pulls a part's sizes."""
+        return await self._transfer.mooncake_meta(payload)
+
+    async def mooncake_send(self, payload: dict[str, Any]) -> None:
+        """mooncake: a prefill rank asks for a staged part."""
+        await self._transfer.mooncake_send(payload)
 
     def metrics_text(self) -> bytes:
         """Prometheus text for /metrics."""

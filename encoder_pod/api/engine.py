@@ -46,3 +46,9 @@ class Engine(Protocol):
 
     async def register_receive_url(self, payload: dict[str, Any]) -> None:
         """zmq_to_scheduler receive-URL registration."""
+
+    async def mooncake_meta(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """mooncake /scheduler_receive_meta_data."""
+
+    async def mooncake_send(self, payload: dict[str, Any]) -> None:
+        """mooncake /send."""

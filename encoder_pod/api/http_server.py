@@ -189,12 +189,22 @@ def _install_control(app: FastAPI, engine: Engine, offload: Offload) -> None:
         await engine.register_receive_url(await _read_object(request, CONTROL_BODY_LIMIT, offload))
         return {"status": "ok"}
 
-    @app.post("/start_profile")
+    @app.post("/scheduler_receive_meta_data")
+    async def scheduler_receive_meta_data(request: Request) -> dict[str, Any]:
+        """mooncake: a prefill rank pulls a part's sizes (waits until the part is encoded)."""
+        return await engine.mooncake_meta(await _read_object(request, CONTROL_BODY_LIMIT, offload))
+
+    @app.post("/send")
+    async def send(request: Request) -> None:
+        """mooncake: write a staged part into a prefill rank's buffer, then acknowledge it over ZMQ."""
+        await engine.mooncake_send(await _read_object(request, CONTROL_BODY_LIMIT, offload))
+
+    @app.api_route("/start_profile", methods=["GET", "POST"])
     async def start_profile(request: Request) -> dict[str, Any]:
-        """Start the torch profiler (output_dir, num_steps, activities, with_stack, record_shapes)."""
+        """Start the torch profiler (output_dir, num_steps, activities, with_stack, record_shapes); GET or POST as SGLang."""
         return await engine.start_profile(await _read_object(request, CONTROL_BODY_LIMIT, offload, empty_ok=True))
 
-    @app.post("/stop_profile")
+    @app.api_route("/stop_profile", methods=["GET", "POST"])
     async def stop_profile() -> dict[str, Any]:
         """Stop the profiler and write the trace."""
         return await engine.stop_profile()

@@ -92,7 +92,8 @@ class DataParallelFront:
                 settings.parallel.dp_worker_max_inflight, settings.batching.max_batch_size,
             )
         self._router = Router(settings.parallel.dp_size, settings.parallel.dp_worker_max_inflight)
-        self._sticky = settings.transfer.encoder_transfer_backend is TransferBackend.ZMQ_TO_SCHEDULER
+        # Backends where prefill ranks call back about a req_id (receive URLs, mooncake pulls): same worker.
+        self._sticky = settings.transfer.transfer_backend not in (TransferBackend.INLINE, TransferBackend.ZMQ_TO_TOKENIZER)
         admission = settings.admission
         self._affinity = ReqAffinity(4 * admission.max_queue, admission.req_timeout + settings.transfer.send_timeout)
         self._admission = Admission(admission.max_queue)
@@ -321,21 +322,30 @@ class DataParallelFront:
 
     async def register_receive_url(self, payload: dict[str, Any]) -> None:
         """Hand a receive URL to the worker that runs (or will run, or ran) its request."""
-        if not self._sticky:
-            # Not a zmq_to_scheduler pod: any worker refuses it with the single-process message.
-            rank = self._router.pick(full_ok=True)
-            if rank is None:
-                raise self._no_worker()
-            await self._calls.control(self._handles()[rank], ControlOp.RECEIVE_URL, payload, self.settings.transfer.send_timeout)
-            return
-        registration = parse_registration(payload)  # a malformed body never reaches a worker
-        rank = self._affinity.get(registration.req_id)
+        req_id = parse_registration(payload).req_id if self._sticky else None  # a malformed body never reaches a worker
+        await self._to_owner(req_id, ControlOp.RECEIVE_URL, payload)
+
+    async def mooncake_meta(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """mooncake: the sizes pull goes to the worker that holds (or will hold) the part."""
+        req_id = payload.get("req_id")
+        return await self._to_owner(req_id if isinstance(req_id, str) and self._sticky else None, ControlOp.MOONCAKE_META, payload)
+
+    async def mooncake_send(self, payload: dict[str, Any]) -> None:
+        """mooncake: the write request goes to the worker that holds the staged part."""
+        req_id = payload.get("req_id")
+        await self._to_owner(req_id if isinstance(req_id, str) and self._sticky else None, ControlOp.MOONCAKE_SEND, payload)
+
+    async def _to_owner(self, req_id: str | None, op: ControlOp, payload: dict[str, Any]) -> Any:
+        """A prefill rank's call about ``req_id`` goes to the worker bound to it (binding one if none is)."""
+        rank = self._affinity.get(req_id) if req_id is not None else None
         if rank is None or not self._router.is_ready(rank):
+            # Unbound (or a backend that never calls back: any worker answers with the single-process message).
             rank = self._router.pick(full_ok=True)
             if rank is None:
                 raise self._no_worker()
-        self._affinity.bind(registration.req_id, rank)
-        await self._calls.control(self._handles()[rank], ControlOp.RECEIVE_URL, payload, self.settings.transfer.send_timeout)
+        if req_id is not None:
+            self._affinity.bind(req_id, rank)
+        return await self._calls.control(self._handles()[rank], op, payload, self.settings.transfer.send_timeout + 5)
 
     # --- metrics and info -------------------------------------------------------------------
     def metrics_text(self) -> bytes:

@@ -75,6 +75,8 @@ class ControlOp(str, Enum):
     START_PROFILE = "start_profile"
     STOP_PROFILE = "stop_profile"
     RECEIVE_URL = "receive_url"
+    MOONCAKE_META = "mooncake_meta"
+    MOONCAKE_SEND = "mooncake_send"
 
 
 @dataclass(frozen=True)
@@ -235,6 +237,7 @@ def request_to_wire(request: EncodeRequest) -> tuple[dict[str, Any], list[bytes]
         "req_id": request.req_id,
         "modality": request.modality.value,
         "item_options": [spec.options for spec in request.items],
+        "item_hashes": [spec.content_hash for spec in request.items],
         "num_parts": request.num_parts,
         "part_idx": request.part_idx,
         "prefill_host": request.prefill_host,
@@ -262,8 +265,10 @@ def request_from_wire(fields: dict[str, Any], frames: Sequence[Frame]) -> Encode
         options = fields["item_options"]
         if len(options) != len(frames):
             raise ValueError(f"{len(options)} items but {len(frames)} item frames")
+        hashes = fields.get("item_hashes") or [None] * len(options)
         items = tuple(
-            ItemSpec(bytes(frame).decode("utf-8", "surrogatepass"), dict(opts)) for frame, opts in zip(frames, options)
+            ItemSpec(bytes(frame).decode("utf-8", "surrogatepass"), dict(opts), digest)
+            for frame, opts, digest in zip(frames, options, hashes)
         )
         return EncodeRequest(
             req_id=fields["req_id"],

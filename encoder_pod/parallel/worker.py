@@ -268,6 +268,10 @@ class WorkerServer:
                 return await self.runtime.start_profile(msg.args)
             if msg.op is ControlOp.STOP_PROFILE:
                 return await self.runtime.stop_profile()
+            if msg.op is ControlOp.MOONCAKE_META:
+                return await self.runtime.mooncake_meta(msg.args)
+            if msg.op is ControlOp.MOONCAKE_SEND:
+                return await self.runtime.mooncake_send(msg.args)
             return await self.runtime.register_receive_url(msg.args)
 
         await self._answer(msg.call_id, work)
