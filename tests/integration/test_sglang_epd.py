@@ -34,6 +34,7 @@ import httpx
 import numpy as np
 import pytest
 
+from encoder_pod.models.base import EncodedPart
 from tests.integration.encode_client import embedding, encode
 from tests.support.media_files import audio_bytes, data_uri, tone, video_bytes
 from tests.support.server import EncoderServer, png_data_uri
@@ -109,6 +110,8 @@ def _check(got: dict[str, Any], modality: str, want: list[np.ndarray]) -> None:
 
 
 BACKENDS = ["zmq_to_scheduler", "zmq_to_tokenizer", "mooncake"]
+EXTRAS = "extras" in EncodedPart.__dataclass_fields__
+"""Whether the adapters report per-request facts (EncodedPart.extras: video timing) yet."""
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -120,6 +123,9 @@ def test_images_and_videos_split_over_two_pods(sglang: SglangHarness, pods, refe
         _check(got, "IMAGE", references["IMAGE"])
         _check(got, "VIDEO", references["VIDEO"])
         assert len(got["meta"]["img_grid_thw"]) == len(IMAGES) and len(got["meta"]["video_grid_thw"]) == len(VIDEOS)
+        if EXTRAS:  # Qwen2.5-VL's seconds per temporal patch reach SGLang's processor, one per video
+            per_grid = got["meta"]["second_per_grid_ts"]
+            assert len(per_grid) == len(VIDEOS) and all(v > 0 for v in per_grid), got["meta"]
     if "assigned" in ready:  # both pods got work: the request really was split
         assert all(sum(counts) == n and 0 not in counts for counts, n in
                    zip(ready["assigned"].values(), (len(IMAGES), len(VIDEOS)))), ready
