@@ -171,3 +171,20 @@ def test_an_undecodable_item_fails_the_request_on_every_rank_with_its_400(sglang
         [state] = rank.values()
         assert (state["status"], state["error_code"]) == ("FAIL", code), (state, result["logs"])
         assert "mm_items[" in state["error_msg"]
+
+
+@pytest.fixture(scope="module")
+def dp_pod(tiny_model) -> Iterator[EncoderServer]:
+    with EncoderServer(tiny_model("qwen2_5_vl"), env=POD_ENV, args=["--dp-size", "2"]) as pod:
+        yield pod
+
+
+@pytest.mark.parametrize("backend", ["mooncake", "zmq_to_scheduler"])
+def test_a_data_parallel_pod_routes_every_rank_call_to_the_worker_holding_the_part(dp_pod, sglang_newest, backend):
+    """--dp-size 2: the prefill ranks' calls about a part (receive URLs, size pulls, /send) reach the worker that has it."""
+    want = [embedding(encode(dp_pod.base_url, f"dp-ref-{backend}-{i}", [img])) for i, img in enumerate(IMAGES)]
+    for attempt in range(2):  # two requests of two concurrent parts each (the front spreads them over its workers)
+        spec = _spec(backend, [dp_pod, dp_pod], f"dp-{backend}-{attempt}", images=IMAGES)
+        sglang_newest.start(spec)
+        for got in _assembled(sglang_newest.result(240)):
+            _check(got, "IMAGE", want)

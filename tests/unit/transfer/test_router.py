@@ -67,3 +67,17 @@ def test_zmq_to_tokenizer_needs_its_one_port():
             asyncio.run(router.mooncake_send({"req_id": "r"}))
     finally:
         asyncio.run(router.close())
+
+
+def test_a_pod_without_the_mooncake_package_refuses_mooncake_pulls_with_a_clear_400(monkeypatch):
+    """As on a pod installed without the [mooncake] extra: the import fails, the prefill rank is told why."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "mooncake.engine", None)  # makes "from mooncake.engine import ..." raise ImportError
+    router = _router("auto")
+    try:
+        with pytest.raises(InvalidRequest, match="not available on this pod.*encoderpool\\[mooncake\\].*libibverbs1") as info:
+            asyncio.run(router.mooncake_meta({"req_id": "r_local_part_0", "part_idx": 0}))
+        assert info.value.http_status == 400
+    finally:
+        asyncio.run(router.close())
