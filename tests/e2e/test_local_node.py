@@ -113,9 +113,10 @@ def test_exiting_container_crash_loops_with_restart_count(k8s_cluster: Cluster, 
     with k8s_cluster.api() as api:
         api.create(path_for("v1", "pods", namespace),
                    local_pod("crasher", [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"]))
+        # (A pod starting up waits in ContainerCreating for a moment: the back-off is the state to wait for.)
         pod = wait_for_pod(api, namespace, "crasher",
-                           lambda p: "waiting" in (p["status"].get("containerStatuses") or [{}])[0].get("state", {}),
-                           30, "in back-off")
+                           lambda p: (p["status"].get("containerStatuses") or [{}])[0].get("state", {})
+                           .get("waiting", {}).get("reason") == "CrashLoopBackOff", 30, "in back-off")
     status = pod["status"]["containerStatuses"][0]
     assert status["state"]["waiting"]["reason"] == "CrashLoopBackOff"
     assert status["restartCount"] >= 1
