@@ -10,13 +10,15 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar
 
 from prometheus_client import CollectorRegistry
 
 from encoder_pod.batching.admission import Admission
 from encoder_pod.batching.entry import PendingEntry
 from encoder_pod.batching.scheduler import BatchScheduler
+from encoder_pod.cache.keys import content_digest, item_key, model_namespace
+from encoder_pod.cache.lookup import ItemCache
 from encoder_pod.errors import (
     EncoderError,
     InternalError,
@@ -31,6 +33,7 @@ from encoder_pod.media.decode import decode_item
 from encoder_pod.media.sources import MediaSources
 from encoder_pod.metrics import ReplicaMetrics
 from encoder_pod.models.base import EncodedPart, EncoderAdapter, MediaItem
+from encoder_pod.modality import Modality
 from encoder_pod.models.registry import AdapterLoader, load_adapter
 from encoder_pod.offload import Offload, freeze_startup_objects
 from encoder_pod.profiling import Profiler, TorchProfiler
@@ -75,6 +78,9 @@ class EncoderRuntime:
         self._profiler: Profiler = profiler or TorchProfiler()  # a tensor-parallel group passes one that reaches every rank
         self._admission = Admission(settings.admission.max_queue, self.metrics.inflight)
         self._success = SuccessClock()
+        self._cache = ItemCache(settings.cache.cache_size_mb * 1024 * 1024, self.metrics.registry)
+        self._namespace: bytes | None = None
+        """The loaded model's cache namespace (:func:`~encoder_pod.cache.keys.model_namespace`)."""
         self._health_task: asyncio.Task[None] | None = None
         self._load_task: asyncio.Task[None] | None = None
         self.started_at = time.time()
@@ -100,6 +106,9 @@ class EncoderRuntime:
             adapter = await asyncio.to_thread(self._loader, self.settings.model)
             self.step = LoadStep.WARMING_UP
             await asyncio.to_thread(adapter.warmup)
+            if self._cache.enabled:
+                self._namespace = await asyncio.to_thread(model_namespace, adapter.info(), self.settings)
+                self._cache.store.bind(self._namespace)  # another model than before: emptied
         except Exception as exc:  # noqa: BLE001 - any load failure is reported, never raised
             self.state, self.step, self.load_error = ReplicaState.FAILED, None, f"{type(exc).__name__}: {exc}"
             log.error("model load failed: %s", self.load_error)
@@ -165,8 +174,11 @@ class EncoderRuntime:
             transfer = self._transfer.for_request(request)
             deadline = time.monotonic() + self.settings.admission.req_timeout
             try:
-                entry = await self._enqueue(request, adapter, deadline)
-                part = await self._await_part(entry, deadline)
+                if self._cache.enabled:
+                    part = await self._encode_cached(request, adapter, deadline)
+                else:
+                    entry = await self._enqueue(request, adapter, deadline)
+                    part = await self._await_part(entry, deadline)
                 self._success.record()
                 return await transfer.deliver(request, part)
             except EncoderError as err:
@@ -176,18 +188,19 @@ class EncoderRuntime:
     async def _enqueue(self, request: EncodeRequest, adapter: EncoderAdapter, deadline: float) -> PendingEntry:
         """Fetch, decode and measure the items (media threads), then hand the request to the batcher."""
         started = time.perf_counter()
-        try:
-            loaded = await asyncio.wait_for(self._load_items(request, adapter), deadline - time.monotonic())
-        except TimeoutError:
-            raise RequestTimeout(f"fetching and decoding items took over {self.settings.admission.req_timeout}s") from None
+        limit = self.settings.admission.req_timeout
+        loaded = await self._until(deadline, self._load_items(request, adapter), f"fetching and decoding items took over {limit}s")
         self.metrics.decode_latency.observe(time.perf_counter() - started)
         self._check_serving()
-        loop = asyncio.get_running_loop()
+        return self._submit(request, loaded, deadline)
+
+    def _submit(self, request: EncodeRequest, loaded: list[tuple[MediaItem, int]], deadline: float) -> PendingEntry:
+        """Hand decoded items to the batcher as one entry; its future resolves to their part."""
         entry = PendingEntry(
             request=request,
             items=[item for item, _ in loaded],
             item_tokens=[tokens for _, tokens in loaded],
-            future=loop.create_future(),
+            future=asyncio.get_running_loop().create_future(),
             admitted_at=time.monotonic(),
             deadline=deadline,
         )
@@ -197,37 +210,66 @@ class EncoderRuntime:
         return entry
 
     async def _await_part(self, entry: PendingEntry, deadline: float) -> EncodedPart:
+        return await self._until(deadline, entry.future, self._timed_out(entry.request))
+
+    def _timed_out(self, request: EncodeRequest) -> str:
+        return f"request {request.req_id!r} timed out after {self.settings.admission.req_timeout}s (ENCODER_REQ_TIMEOUT)"
+
+    @staticmethod
+    async def _until(deadline: float, work: Awaitable[T], message: str) -> T:
+        """``work``'s result, or :class:`RequestTimeout` with ``message`` at ``deadline``."""
         try:
-            return await asyncio.wait_for(entry.future, max(deadline - time.monotonic(), 0))
+            return await asyncio.wait_for(work, max(deadline - time.monotonic(), 0))
         except TimeoutError:
-            raise RequestTimeout(
-                f"request {entry.request.req_id!r} timed out after {self.settings.admission.req_timeout}s (ENCODER_REQ_TIMEOUT)"
-            ) from None
+            raise RequestTimeout(message) from None
+
+    async def _encode_cached(self, request: EncodeRequest, adapter: EncoderAdapter, deadline: float) -> EncodedPart:
+        """Fetch and hash every item; the cache serves hits and computes only the misses, once (:class:`ItemCache`)."""
+        started = time.perf_counter()
+        jobs = [(index, self._fetch_one, (spec,)) for index, spec in enumerate(request.items)]
+        limit = self.settings.admission.req_timeout
+        fetched = await self._until(deadline, self._on_media_threads(request, jobs), f"fetching items took over {limit}s")
+        assert self._namespace is not None
+        keys = [item_key(self._namespace, request.modality, digest) for _, digest in fetched]
+        spent = [time.perf_counter() - started]
+
+        async def compute(indices: list[int]) -> EncodedPart:
+            begun = time.perf_counter()
+            decode = [(i, self._decode_one, (request.modality, fetched[i][0], adapter)) for i in indices]
+            loaded = await self._on_media_threads(request, decode)
+            spent.append(time.perf_counter() - begun)
+            self._check_serving()
+            return await self._submit(request, loaded, deadline).future
+
+        try:
+            return await self._until(deadline, self._cache.encode(keys, compute), self._timed_out(request))
+        finally:
+            self.metrics.decode_latency.observe(sum(spent))
 
     async def _load_items(self, request: EncodeRequest, adapter: EncoderAdapter) -> list[tuple[MediaItem, int]]:
+        jobs = [(index, self._load_one, (request.modality, spec, adapter)) for index, spec in enumerate(request.items)]
+        return await self._on_media_threads(request, jobs)
+
+    async def _on_media_threads(self, request: EncodeRequest, jobs: list[tuple[int, Callable[..., T], tuple[Any, ...]]]) -> list[T]:
+        """Run ``step(*args)`` per item on the media threads (errors named by item); results in order."""
         loop = asyncio.get_running_loop()
-        jobs = [
-            loop.run_in_executor(self._media_exec, self._load_one, request, index, spec, adapter)
-            for index, spec in enumerate(request.items)
+        futures = [
+            loop.run_in_executor(self._media_exec, self._item_step, request, index, step, *args) for index, step, args in jobs
         ]
-        results = await asyncio.gather(*jobs, return_exceptions=True)
-        loaded: list[tuple[MediaItem, int]] = []
+        results = await asyncio.gather(*futures, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
-            loaded.append(result)
-        return loaded
+        return results  # type: ignore[return-value]
 
-    def _load_one(self, request: EncodeRequest, index: int, spec: ItemSpec, adapter: EncoderAdapter) -> tuple[MediaItem, int]:
-        """Fetch, decode and measure one item (media thread).
+    def _item_step(self, request: EncodeRequest, index: int, step: Callable[..., T], *args: Any) -> T:
+        """One item's media step (media thread).
 
         Only a :class:`MediaError` blames the item (400 naming ``mm_items[i]``). Anything else is
         a fault of ours: logged here once with its traceback, answered 500.
         """
         try:
-            data = self._sources.fetch_item(spec)
-            item = decode_item(request.modality, data, adapter, self.settings.media)
-            return item, adapter.measure(item)
+            return step(*args)
         except MediaError as exc:
             raise ItemError(index, exc.message, req_id=request.req_id) from None
         except EncoderError:
@@ -237,6 +279,20 @@ class EncoderRuntime:
             raise InternalError(
                 f"loading mm_items[{index}] failed inside the server ({type(exc).__name__}: {exc})", req_id=request.req_id
             ) from None
+
+    def _load_one(self, modality: Modality, spec: ItemSpec, adapter: EncoderAdapter) -> tuple[MediaItem, int]:
+        """Fetch, decode and measure one item."""
+        return self._decode_one(modality, self._sources.fetch_item(spec), adapter)
+
+    def _decode_one(self, modality: Modality, data: bytes, adapter: EncoderAdapter) -> tuple[MediaItem, int]:
+        """Decode and measure one item's bytes."""
+        item = decode_item(modality, data, adapter, self.settings.media)
+        return item, adapter.measure(item)
+
+    def _fetch_one(self, spec: ItemSpec) -> tuple[bytes, bytes]:
+        """One item's bytes (checked against its ``content_hash``) and their content digest (the key's content part)."""
+        data = self._sources.fetch_item(spec)
+        return data, content_digest(data, spec.content_hash)  # a verified hash is not computed twice
 
     # --- health, info, profiling ------------------------------------------------------------
     async def health(self) -> None:
@@ -313,6 +369,7 @@ class EncoderRuntime:
             "model": self.adapter.info() if self.adapter else None,
             "queue_depth": self._scheduler.depth if self._scheduler else 0,
             "inflight": self._admission.in_flight,
+            "cache": self._cache.info(),
             "uptime_s": round(time.time() - self.started_at, 3),
             "settings": self.settings.masked(),
         }

@@ -316,6 +316,13 @@ class ParallelSettings(SettingsGroup):
     """Seconds any tensor-parallel collective may take; past it the group is taken down and restarted."""
 
 
+class CacheSettings(SettingsGroup):
+    """The embedding cache: repeated items served without decode, preprocess or forward."""
+
+    cache_size_mb: int = Field(0, ge=0, le=1_048_576)
+    """Byte budget of the embedding cache per model replica in MiB (0 = off); least recently used entries go first."""
+
+
 class ObservabilitySettings(SettingsGroup):
     """Logging and the readiness probe."""
 
@@ -337,6 +344,7 @@ class EncoderSettings(BaseModel):
     media: MediaSettings = MediaSettings()
     transfer: TransferSettings = TransferSettings()
     parallel: ParallelSettings = ParallelSettings()
+    cache: CacheSettings = CacheSettings()
     observability: ObservabilitySettings = ObservabilitySettings()
 
     def masked(self) -> dict[str, Any]:

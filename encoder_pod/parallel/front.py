@@ -31,6 +31,7 @@ from encoder_pod.parallel.affinity import ReqAffinity
 from encoder_pod.parallel.calls import Calls
 from encoder_pod.parallel.handle import RankState, WorkerRecord
 from encoder_pod.parallel.ipc import IpcDir
+from encoder_pod.parallel.key_routing import KeyRouting, pod_cache_info, request_keys
 from encoder_pod.parallel.messages import (
     ControlOp,
     Drain,
@@ -98,6 +99,7 @@ class DataParallelFront:
         self._affinity = ReqAffinity(4 * admission.max_queue, admission.req_timeout + settings.transfer.send_timeout)
         self._admission = Admission(admission.max_queue)
         self._calls = Calls(admission.req_timeout)
+        self._keys = KeyRouting(self._registry) if settings.cache.cache_size_mb else None
         self._offload = Offload(name="front-offload")
         self._stopping = False
         self._ipc: IpcDir | None = None
@@ -222,10 +224,10 @@ class DataParallelFront:
         async with self._admission.admit(request.req_id):
             call_id = self._calls.next_id()
             try:
-                frames = await self._offload.run(encode_frames, call_id, request)
+                frames, keys = await self._offload.run(self._pack, call_id, request)
             except (TypeError, ValueError, OverflowError) as exc:  # a value msgpack cannot carry: the caller's
                 raise InvalidRequest(f"request holds a value that cannot be forwarded to a worker ({exc})") from None
-            result, extra = await self._route(request, call_id, frames)
+            result, extra = await self._route(request, call_id, frames, keys)
         if result.inline is None:
             return None
         try:
@@ -233,14 +235,30 @@ class DataParallelFront:
         except (ValueError, IndexError) as exc:
             raise ProtocolError(f"worker sent a malformed inline answer: {exc}") from None
 
-    async def _route(self, request: EncodeRequest, call_id: int, frames: list[Frame]) -> tuple[Result, list[Frame]]:
-        """Take a slot on a worker (sticky for zmq_to_scheduler), call it, free the slot."""
+    def _pack(self, call_id: int, request: EncodeRequest) -> tuple[list[Frame], list[bytes]]:
+        """The request's frames and, with the cache on, its items' affinity keys (offload thread)."""
+        return encode_frames(call_id, request), request_keys(request) if self._keys is not None else []
+
+    async def _route(
+        self, request: EncodeRequest, call_id: int, frames: list[Frame], keys: list[bytes]
+    ) -> tuple[Result, list[Frame]]:
+        """Take a slot on a worker (sticky for zmq_to_scheduler, else where its items are cached, else
+        by load), call it, free the slot."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.admission.req_timeout
         bound = self._affinity.get(request.req_id) if self._sticky else None
-        rank = bound if bound is not None and self._router.take(bound) else await self._acquire(deadline)
+        cached = self._keys.prefer(keys) if self._keys is not None and bound is None else None
+        by_key = cached is not None and self._router.take_free(cached)
+        if bound is not None and self._router.take(bound):
+            rank = bound
+        elif by_key and cached is not None:
+            rank = cached
+        else:
+            rank = await self._acquire(deadline)
         if self._sticky:
             self._affinity.bind(request.req_id, rank)
+        if self._keys is not None:
+            self._keys.record(keys, rank, by_key)
         try:
             self._dp_metrics.routed.labels(rank=str(rank)).inc()
             handle = self._handles()[rank]
@@ -384,6 +402,7 @@ class DataParallelFront:
             "model": model,
             "queue_depth": self._router.waiting + sum(w["queue_depth"] for w in workers),
             "inflight": self._admission.in_flight,
+            "cache": pod_cache_info((w["cache"] for w in workers), self._keys),
             "uptime_s": round(time.time() - self.started_at, 3),
             "ipc_dir": str(self._ipc.path) if self._ipc else None,
             "workers": workers,

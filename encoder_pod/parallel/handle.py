@@ -160,4 +160,5 @@ class WorkerRecord:
             "last_exit": self.last_exit,
             "load_error": self.last_error,
             "model": info.get("model"),
+            "cache": info.get("cache"),
         }
