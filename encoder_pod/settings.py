@@ -19,6 +19,7 @@ handed the group(s) it needs (the batch scheduler gets ``settings.batching``, th
   duration limits, video sampling; allowed media domains belong here).
 - ``transfer``: how embeddings reach prefill servers (backend, wire format, push sockets).
 - ``parallel``: data-parallel workers and tensor-parallel groups, their watchdogs and timeouts.
+- ``cache``: the embedding cache (its byte budget).
 - ``observability``: logging and the readiness probe.
 
 A new concern gets its own group (e.g. ``cache`` for an embedding cache size): declare a
@@ -58,13 +59,17 @@ SGLANG_RELEASES = ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 """SGLang releases whose prefill-side receiver reads this pod's frames (each tested against its own code)."""
 
 
-def names(*, flag: str | None = None, deprecated_env: tuple[str, ...] = ()) -> dict[str, Any]:
+def names(
+    *, flag: str | None = None, deprecated_env: tuple[str, ...] = (), env_aliases: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """``Field(json_schema_extra=...)`` for a setting whose flag or old env names differ from the rule.
 
-    ``flag`` replaces ``--<name>`` (SGLang's own flag name, for drop-in use); ``deprecated_env``
-    still work, after the current names, and log a warning naming the replacement.
+    ``flag`` replaces ``--<name>`` (SGLang's own flag name, for drop-in use); ``env_aliases`` are
+    further names read after ``ENCODER_<NAME>`` and ``SGLANG_ENCODER_<NAME>`` (SGLang's own name of
+    the same setting); ``deprecated_env`` still work, after those, and log a warning naming the
+    replacement.
     """
-    return {"flag": flag, "deprecated_env": list(deprecated_env)}
+    return {"flag": flag, "deprecated_env": list(deprecated_env), "env_aliases": list(env_aliases)}
 
 
 def split_list(value: str | list[Any]) -> list[str]:
@@ -319,7 +324,7 @@ class ParallelSettings(SettingsGroup):
 class CacheSettings(SettingsGroup):
     """The embedding cache: repeated items served without decode, preprocess or forward."""
 
-    cache_size_mb: int = Field(0, ge=0, le=1_048_576)
+    cache_size_mb: int = Field(0, ge=0, le=1_048_576, json_schema_extra=names(env_aliases=("SGLANG_VLM_CACHE_SIZE_MB",)))
     """Byte budget of the embedding cache per model replica in MiB (0 = off); least recently used entries go first."""
 
 
@@ -384,6 +389,12 @@ class Setting:
         """``--<name-with-dashes>``, or SGLang's own flag name where the setting declares one."""
         flag = self._extra.get("flag")
         return flag if isinstance(flag, str) else "--" + self.name.replace("_", "-")
+
+    @property
+    def env_aliases(self) -> list[str]:
+        """Other current env names of this setting (SGLang's), read after ``SGLANG_ENCODER_<NAME>``."""
+        aliases = self._extra.get("env_aliases")
+        return [str(v) for v in aliases] if isinstance(aliases, list) else []
 
     @property
     def deprecated_env(self) -> list[str]:
@@ -464,7 +475,7 @@ def load_settings(cli: Mapping[str, Any] | None = None, env: Mapping[str, str] |
         if name in given:
             groups[setting.group][name] = given[name]
             continue
-        for var in (setting.env, setting.alias, *setting.deprecated_env):
+        for var in (setting.env, setting.alias, *setting.env_aliases, *setting.deprecated_env):
             raw = environ.get(var)
             if raw not in (None, ""):
                 groups[setting.group][name] = raw

@@ -19,7 +19,7 @@ ITEMS = [png_data_uri(40 + 8 * k, 48, seed=300 + k) for k in range(8)]
 
 @pytest.fixture(scope="module")
 def pool(tiny_model) -> Iterator[list[EncoderServer]]:
-    env = {"ENCODER_CACHE_SIZE_MB": "16"}
+    env = {"ENCODER_CACHE_SIZE_MB": "16", "ENCODER_WIRE_FORMAT": "encoderpool"}  # the project's receiver reads these frames
     pods = [
         EncoderServer(tiny_model("qwen2_vl"), env=env, args=["--encoder-transfer-backend", "zmq_to_tokenizer"]).start(wait_ready=False)
         for _ in range(3)
