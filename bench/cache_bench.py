@@ -23,6 +23,8 @@ import argparse
 import asyncio
 import os
 import random
+import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -71,6 +73,15 @@ def images(indices: list[int], run: int) -> dict[int, str]:
     return {i: jpeg_uri(seed=run * 100_000 + i) for i in set(indices)}
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes (all their threads) so far."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def scrape(urls: list[str], name: str) -> float:
     """Sum of a metric over pods."""
     total = 0.0
@@ -116,10 +127,15 @@ def round_robin(urls: list[str]) -> Callable[[int, str], str]:
     return lambda n, item: urls[n % len(urls)]
 
 
-def run_config(name: str, urls: list[str], routing: str, indices: list[int], run: int, concurrency: int) -> dict[str, Any]:
-    """One run of one configuration on a fresh image set; hit ratio from the pods' own counters."""
+def run_config(
+    name: str, pods: list[Any], routing: str, indices: list[int], run: int, concurrency: int
+) -> dict[str, Any]:
+    """One run of one configuration on a fresh image set; hit ratio from the pods' own counters,
+    CPU time from the pods' own processes (steadier than wall time on a shared machine)."""
     from encoder_pod.rendezvous import affinity_key, choose
 
+    urls = [pod.base_url for pod in pods]
+    pids = [pod.proc.pid for pod in pods]
     uris = images(indices, run)
     rng = random.Random(run)
     if routing == "affinity":
@@ -129,20 +145,21 @@ def run_config(name: str, urls: list[str], routing: str, indices: list[int], run
         pick = lambda n, item: rng.choice(urls)  # noqa: E731
     else:
         pick = lambda n, item: urls[0]  # noqa: E731
-    hits0 = scrape(urls, "encoder_cache_hits_total")
+    hits0, cpu0 = scrape(urls, "encoder_cache_hits_total"), cpu_seconds(pids)
     result = asyncio.run(replay(pick, indices, uris, concurrency))
+    cpu = cpu_seconds(pids) - cpu0
     hits = scrape(urls, "encoder_cache_hits_total") - hits0
     result.update({"config": name, "hit_ratio": hits / len(indices), "repeat_ratio": repeat_ratio(indices),
-                   "loadavg_1m": os.getloadavg()[0]})
-    print(f"run {run:3d} {name:26s} {result['images_per_s']:6.1f} img/s  p50 {result['p50_ms']:7.1f} ms  "
-          f"hits {result['hit_ratio']:.2f}  load {result['loadavg_1m']:.1f}", flush=True)
+                   "cpu_ms_per_image": 1000 * cpu / max(result["requests"], 1), "loadavg_1m": os.getloadavg()[0]})
+    print(f"run {run:3d} {name:28s} {result['images_per_s']:6.1f} img/s  p50 {result['p50_ms']:7.1f} ms  "
+          f"cpu {result['cpu_ms_per_image']:6.1f} ms/img  hits {result['hit_ratio']:.2f}  load {result['loadavg_1m']:.1f}", flush=True)
     return result
 
 
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per metric median over rounds, with the range."""
     out: dict[str, Any] = {"config": runs[0]["config"], "rounds": runs}
-    for key in ("images_per_s", "p50_ms", "p99_ms", "hit_ratio", "repeat_ratio", "loadavg_1m"):
+    for key in ("images_per_s", "p50_ms", "p99_ms", "cpu_ms_per_image", "hit_ratio", "repeat_ratio", "loadavg_1m"):
         values = sorted(r[key] for r in runs)
         out[key] = float(np.median(values))
         out[key + "_range"] = [values[0], values[-1]]
@@ -158,8 +175,9 @@ def plot(data: dict[str, Any], path: Path) -> None:
 
     rows = data["results"]
     names = [r["config"] for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-    for ax, key, label in ((axes[0], "images_per_s", "images/s"), (axes[1], "p50_ms", "p50 ms")):
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    panels = ((axes[0], "images_per_s", "images/s"), (axes[1], "p50_ms", "p50 ms"), (axes[2], "cpu_ms_per_image", "pod CPU ms per image"))
+    for ax, key, label in panels:
         values = [r[key] for r in rows]
         low = [r[key] - r[key + "_range"][0] for r in rows]
         high = [r[key + "_range"][1] - r[key] for r in rows]
@@ -168,6 +186,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
         ax.invert_yaxis()
         ax.grid(True, axis="x", alpha=0.3)
     axes[1].set_yticklabels([])
+    axes[2].set_yticklabels([])
     fig.suptitle(f"embedding cache, {data['model']}, trace of {data['trace_length']} requests "
                  f"(Zipf s={data['zipf_exponent']:.2f} over {N_IMAGES} images, {data['repeat_ratio']:.0%} repeats), "
                  f"median of {data['rounds']} rounds")
@@ -184,6 +203,7 @@ def main() -> None:
     parser.add_argument("--cache-mb", type=int, default=1024)
     parser.add_argument("--baseline-tree", type=Path, default=None, help="source tree of the revision before the cache")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the pods on the way out
     from tests.support.server import EncoderServer
 
     model = checkpoint(args.arch)
@@ -202,31 +222,31 @@ def main() -> None:
     if args.baseline_tree is not None:
         tree = str(args.baseline_tree.resolve())
         servers["baseline"] = EncoderServer(model, env={**base_env, "PYTHONPATH": tree})
-    configs: list[tuple[str, list[str], str, list[int]]] = []
+    configs: list[tuple[str, list[Any], str, list[int]]] = []
     try:
         for server in servers.values():
             server.start(wait_ready=False)
         for server in servers.values():
             server.wait_status("/health", 200, 300)
-        url = {name: s.base_url for name, s in servers.items()}
-        pool = [url[f"pool{i}"] for i in range(3)]
+        pool = [servers[f"pool{i}"] for i in range(3)]
         configs = [
-            ("single pod, cache off", [url["off"]], "single", shape),
-            ("single pod, cache on", [url["on"]], "single", shape),
+            ("single pod, cache off", [servers["off"]], "single", shape),
+            ("single pod, cache on", [servers["on"]], "single", shape),
             ("3 pods, cache on, random", pool, "random", shape),
             ("3 pods, cache on, affinity", pool, "affinity", shape),
-            ("no repeats, cache size 0", [url["off"]], "single", fresh),
-            ("no repeats, cache on", [url["on"]], "single", fresh),
+            ("no repeats, cache size 0", [servers["off"]], "single", fresh),
+            ("no repeats, cache on", [servers["on"]], "single", fresh),
         ]
-        if "baseline" in url:
-            configs.insert(5, ("no repeats, pre-cache code", [url["baseline"]], "single", fresh))
+        if "baseline" in servers:
+            configs.insert(5, ("no repeats, pre-cache code", [servers["baseline"]], "single", fresh))
         warm = images(list(range(16)), run=999)
-        for _, urls, _, _ in configs:
-            asyncio.run(replay(round_robin(urls), list(range(16)), warm, 4))
+        for _, pods, _, _ in configs:
+            asyncio.run(replay(round_robin([p.base_url for p in pods]), list(range(16)), warm, 4))
         runs: dict[str, list[dict[str, Any]]] = {}
         for r in range(args.rounds):
-            for k, (name, urls, routing, indices) in enumerate(configs):
-                runs.setdefault(name, []).append(run_config(name, urls, routing, indices, 1 + r * 100 + k, args.concurrency))
+            shift = r % len(configs)  # each round starts elsewhere, so load drift spreads over configurations
+            for k, (name, pods, routing, indices) in enumerate(configs[shift:] + configs[:shift]):
+                runs.setdefault(name, []).append(run_config(name, pods, routing, indices, 1 + r * 100 + k, args.concurrency))
     finally:
         for server in servers.values():
             server.stop()
@@ -236,13 +256,17 @@ def main() -> None:
         "speedup_single": by["single pod, cache on"]["images_per_s"] / by["single pod, cache off"]["images_per_s"],
         "p50_ratio_single": by["single pod, cache on"]["p50_ms"] / by["single pod, cache off"]["p50_ms"],
         "speedup_pool_affinity_vs_random": by["3 pods, cache on, affinity"]["images_per_s"] / by["3 pods, cache on, random"]["images_per_s"],
+        "cpu_per_image_ratio_single": by["single pod, cache on"]["cpu_ms_per_image"] / by["single pod, cache off"]["cpu_ms_per_image"],
         "size0_vs_on_no_repeat": by["no repeats, cache size 0"]["images_per_s"] / by["no repeats, cache on"]["images_per_s"],
+        "cpu_size0_vs_on_no_repeat": by["no repeats, cache size 0"]["cpu_ms_per_image"] / by["no repeats, cache on"]["cpu_ms_per_image"],
     }
     if "no repeats, pre-cache code" in by:
-        summary["size0_vs_pre_cache_no_repeat"] = (
-            by["no repeats, cache size 0"]["images_per_s"] / by["no repeats, pre-cache code"]["images_per_s"]
-        )
+        size0, pre = by["no repeats, cache size 0"], by["no repeats, pre-cache code"]
+        summary["size0_vs_pre_cache_no_repeat"] = size0["images_per_s"] / pre["images_per_s"]
+        summary["cpu_size0_vs_pre_cache_no_repeat"] = size0["cpu_ms_per_image"] / pre["cpu_ms_per_image"]
+    baseline = args.baseline_tree / "REVISION" if args.baseline_tree is not None else None
     data = {
+        "baseline_revision": baseline.read_text().strip() if baseline is not None and baseline.is_file() else None,
         "model": f"{args.arch}-moderate", "device": "cpu", "machine": machine(), "trace_length": args.length,
         "zipf_exponent": exponent, "repeat_ratio": repeat_ratio(shape), "images": N_IMAGES, "rounds": args.rounds,
         "concurrency": args.concurrency, "cache_mb": args.cache_mb, "results": results, "summary": summary,
