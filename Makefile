@@ -35,7 +35,7 @@ $(UV):
 $(VENV)/.installed: pyproject.toml | $(UV)
 	@echo ">> creating $(VENV) and installing encoderpool (torch is cached in $(UV_CACHE_DIR) after the first run)"
 	@test -x $(PY) || $(UV) venv -q --python python3.11 $(VENV)
-	$(UV) pip install --python $(PY) -e '.[dev]'
+	$(UV) pip install --python $(PY) -e '.[dev,mooncake]'
 	@touch $@
 
 venv: $(VENV)/.installed
@@ -55,12 +55,14 @@ control-plane:
 	@bash hack/build-control-plane.sh
 
 test: venv control-plane
+	bash hack/system-libs.sh
 	bash hack/run-tests.sh $(PYTEST_ARGS)
 
 test-unit: venv
 	$(VENV)/bin/pytest -m unit $(PYTEST_ARGS)
 
 test-integration: venv
+	bash hack/system-libs.sh
 	$(VENV)/bin/pytest -m integration $(PYTEST_ARGS)
 
 e2e: venv control-plane
@@ -74,6 +76,8 @@ bench: model
 
 lint: venv
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy encoder_pod operator
+	$(VENV)/bin/vulture
 
 kind-e2e: venv
 	bash hack/kind-e2e.sh

@@ -1,4 +1,11 @@
-"""Prometheus metrics of one encoder process, on a registry of its own (no global state)."""
+"""Prometheus metrics of one encoder process, on a registry of its own (no global state).
+
+Two owners, two classes: :class:`ReplicaMetrics` are what one model replica records (queue,
+batches, latencies of its stages); :class:`EdgeMetrics` are what the HTTP edge records (answers
+by status, request latency). A single-process pod registers both on one registry; in data
+parallel the front holds the edge's and each worker a replica's (merged with a ``rank`` label),
+so no family is recorded twice and none is registered where nobody renders it.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +16,23 @@ _SIZE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
 _TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144)
 
 
-class EncoderMetrics:
-    """Every metric the encoder pod exports; one instance per process."""
+class EdgeMetrics:
+    """The HTTP edge's families: answered /encode requests by status, and their latency."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, prefix: str = "encoder") -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.requests = Counter("encoder_requests", "Answered /encode requests by HTTP status.", ["code"], registry=r)
+        self.request_latency = Histogram(
+            "encoder_request_seconds", "Total time of an /encode request.", buckets=_LATENCY_BUCKETS, registry=r
+        )
+
+
+class ReplicaMetrics:
+    """Every family one model replica records (runtime and batcher)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r, p = self.registry, prefix
+        r, p = self.registry, "encoder"
         self.queue_depth = Gauge(f"{p}_queue_depth", "Requests admitted and not yet in a batch.", registry=r)
         self.inflight = Gauge(f"{p}_inflight_requests", "Requests admitted and not yet answered.", registry=r)
         self.batch_size = Histogram(f"{p}_batch_size", "Requests per batch.", buckets=_SIZE_BUCKETS, registry=r)
@@ -34,10 +52,6 @@ class EncoderMetrics:
         self.forward_latency = Histogram(
             f"{p}_forward_seconds", "Encoder forward per batch.", buckets=_LATENCY_BUCKETS, registry=r
         )
-        self.request_latency = Histogram(
-            f"{p}_request_seconds", "Total time of an /encode request.", buckets=_LATENCY_BUCKETS, registry=r
-        )
-        self.requests = Counter(f"{p}_requests", "Answered /encode requests by HTTP status.", ["code"], registry=r)
         self.batch_failures = Counter(
             f"{p}_batch_failures", "Batches that failed and were retried one request at a time.", ["stage"], registry=r
         )
@@ -50,4 +64,9 @@ class EncoderMetrics:
 
     def render(self) -> bytes:
         """Prometheus text exposition of this registry."""
-        return generate_latest(self.registry)
+        return render(self.registry)
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """Prometheus text exposition of ``registry``."""
+    return generate_latest(registry)

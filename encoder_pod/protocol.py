@@ -4,10 +4,18 @@ Parsing is by hand rather than a pydantic model so that every rejection names th
 the reason in words a caller understands (``field 'part_idx': 3 is not below num_parts 2``).
 Unknown fields (``time_stats_json``, ``encoder_url``, ...) are accepted and ignored, as SGLang's
 own client sends them.
+
+Items are what SGLang's prefill sends (``_encoder_media_item``): a bare string, or an object with
+``url`` and the item's options: ``content_hash`` (``sha256:<64 hex>``, verified against the bytes),
+and the processor options SGLang forwards (``detail``, ``max_dynamic_patch``, ``preprocess_kwargs``,
+``max_long_side_pixel``, or any other key), which its encoder ignores for the families served here
+(only the server-wide processor config applies), and so does this pod: they are kept, not used.
+``hashes`` is carried as given (SGLang accepts a list, a string or an integer).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +24,7 @@ from encoder_pod.modality import Modality
 
 MAX_REQ_ID_LEN = 512
 MAX_ITEMS = 1024
+_CONTENT_HASH = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -24,6 +33,9 @@ class ItemSpec:
 
     source: str
     options: dict[str, Any] = field(default_factory=dict)
+    """The item object's other keys (processor options SGLang forwards; accepted, not applied)."""
+    content_hash: str | None = None
+    """``sha256:<64 lower-case hex>`` the item's bytes must have."""
 
 
 @dataclass(frozen=True)
@@ -81,21 +93,28 @@ def _parse_items(raw: Any, req_id: str | None) -> tuple[ItemSpec, ...]:
         raise _fail("mm_items", "must not be empty", req_id)
     if len(flat) > MAX_ITEMS:
         raise _fail("mm_items", f"{len(flat)} items, more than the limit of {MAX_ITEMS}", req_id)
-    specs: list[ItemSpec] = []
-    for index, item in enumerate(flat):
-        if isinstance(item, dict):
-            url = item.get("url")
-            options = {k: v for k, v in item.items() if k != "url"}
-        else:
-            url, options = item, {}
-        if not isinstance(url, str) or not url.strip():
-            raise InvalidRequest(
-                f"mm_items[{index}]: must be a URL, data: URI, base64 string or file path "
-                f"(or an object with 'url'), got {type(url).__name__}",
-                req_id=req_id,
-            )
-        specs.append(ItemSpec(url.strip(), options))
-    return tuple(specs)
+    return tuple(_parse_item(index, item, req_id) for index, item in enumerate(flat))
+
+
+def _parse_item(index: int, item: Any, req_id: str | None) -> ItemSpec:
+    if isinstance(item, dict):
+        url = item.get("url")
+        options = {k: v for k, v in item.items() if k not in ("url", "content_hash")}
+        content_hash = item.get("content_hash")
+    else:
+        url, options, content_hash = item, {}, None
+    if not isinstance(url, str) or not url.strip():
+        what = "an object without 'url'" if isinstance(item, dict) and "url" not in item else type(url).__name__
+        raise InvalidRequest(
+            f"mm_items[{index}]: must be a URL, data: URI, base64 string or file path (or an object with 'url'), got {what}",
+            req_id=req_id,
+        )
+    if content_hash is not None:
+        text = content_hash.strip().lower() if isinstance(content_hash, str) else ""
+        if not _CONTENT_HASH.fullmatch(text):
+            raise InvalidRequest(f"mm_items[{index}]: content_hash must use the form 'sha256:<64 hex digits>'", req_id=req_id)
+        content_hash = text
+    return ItemSpec(url.strip(), options, content_hash)
 
 
 def _parse_port(value: Any, name: str, req_id: str | None) -> int:
@@ -140,8 +159,10 @@ def parse_encode_request(body: Any) -> EncodeRequest:
     if prefill_host is not None and (not isinstance(prefill_host, str) or not prefill_host.strip()):
         raise _fail("prefill_host", "must be a host name or address", req_id)
     hashes = body.get("hashes")
-    if hashes is not None and not isinstance(hashes, list):
-        raise _fail("hashes", f"must be a list (one per item), got {type(hashes).__name__}", req_id)
+    if hashes is not None and not isinstance(hashes, (list, str, int)):
+        raise _fail("hashes", f"must be a list, a string or an integer (as SGLang accepts), got {type(hashes).__name__}", req_id)
+    if isinstance(hashes, (str, int)):
+        hashes = [hashes]
     return EncodeRequest(
         req_id=req_id,
         modality=modality,

@@ -10,45 +10,42 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from enum import Enum
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, TypeVar
 
+from prometheus_client import CollectorRegistry
+
+from encoder_pod.batching.admission import Admission
 from encoder_pod.batching.entry import PendingEntry
 from encoder_pod.batching.scheduler import BatchScheduler
+from encoder_pod.cache.keys import content_digest, item_key, model_namespace
+from encoder_pod.cache.lookup import ItemCache
 from encoder_pod.errors import (
-    DuplicateRequest,
     EncoderError,
     InternalError,
     InvalidRequest,
     ItemError,
     MediaError,
     NotReady,
-    Overloaded,
     RequestTimeout,
     ShuttingDown,
 )
 from encoder_pod.media.decode import decode_item
 from encoder_pod.media.sources import MediaSources
-from encoder_pod.metrics import EncoderMetrics
+from encoder_pod.metrics import ReplicaMetrics
 from encoder_pod.models.base import EncodedPart, EncoderAdapter, MediaItem
+from encoder_pod.modality import Modality
 from encoder_pod.models.registry import AdapterLoader, load_adapter
+from encoder_pod.offload import Offload, freeze_startup_objects
 from encoder_pod.profiling import Profiler, TorchProfiler
 from encoder_pod.protocol import EncodeRequest, ItemSpec, parse_encode_request
-from encoder_pod.readiness import SuccessClock
+from encoder_pod.readiness import LoadStep, ReplicaState, SuccessClock
 from encoder_pod.settings import EncoderSettings
-from encoder_pod.transfer.base import Transfer
+from encoder_pod.transfer.inline import InlineAnswer
 from encoder_pod.transfer.router import TransferRouter
 
 log = logging.getLogger(__name__)
 
-class State(str, Enum):
-    """Life of a runtime."""
-
-    LOADING = "loading"
-    READY = "ready"
-    FAILED = "failed"
-    STOPPING = "stopping"
-
+T = TypeVar("T")
 
 class EncoderRuntime:
     """Everything one model replica needs to answer /encode, minus the transport."""
@@ -56,26 +53,34 @@ class EncoderRuntime:
     def __init__(
         self,
         settings: EncoderSettings,
-        metrics: EncoderMetrics | None = None,
+        metrics: ReplicaMetrics | None = None,
         *,
         adapter_loader: AdapterLoader = load_adapter,
         transfer: TransferRouter | None = None,
         profiler: Profiler | None = None,
     ) -> None:
         self.settings = settings
-        self.metrics = metrics or EncoderMetrics()
-        self.state = State.LOADING
+        self.metrics = metrics or ReplicaMetrics()
+        self.state = ReplicaState.LOADING
+        self.step: LoadStep | None = LoadStep.LOADING_WEIGHTS
+        """What the replica does while LOADING (None once loaded or failed)."""
         self.load_error: str | None = None
         self.adapter: EncoderAdapter | None = None
         self._loader = adapter_loader
-        self._transfer = transfer or TransferRouter(settings.transfer, max_registrations=settings.admission.max_queue)
+        self._offload = Offload(name="runtime-offload")
+        self._transfer = transfer or TransferRouter(
+            settings.transfer, max_registrations=settings.admission.max_queue, offload=self._offload,
+            bind_host=settings.server.host,
+        )
         self._scheduler: BatchScheduler | None = None
         self._media_exec = ThreadPoolExecutor(settings.media.mm_load_workers, thread_name_prefix="media")
         self._sources = MediaSources(settings.media, max_bytes=settings.server.max_request_bytes)
         self._profiler: Profiler = profiler or TorchProfiler()  # a tensor-parallel group passes one that reaches every rank
-        self._inflight: set[str] = set()
-        self._admitted = 0
+        self._admission = Admission(settings.admission.max_queue, self.metrics.inflight)
         self._success = SuccessClock()
+        self._cache = ItemCache(settings.cache.cache_size_mb * 1024 * 1024, self.metrics.registry)
+        self._namespace: bytes | None = None
+        """The loaded model's cache namespace (:func:`~encoder_pod.cache.keys.model_namespace`)."""
         self._health_task: asyncio.Task[None] | None = None
         self._load_task: asyncio.Task[None] | None = None
         self.started_at = time.time()
@@ -85,7 +90,7 @@ class EncoderRuntime:
         """Begin loading the model in the background; requests get 503 until it is ready."""
         self._load_task = asyncio.create_task(self._load(), name="model-load")
 
-    async def wait_loaded(self) -> State:
+    async def wait_loaded(self) -> ReplicaState:
         """Wait for the load to finish either way (tests, workers reporting ready)."""
         if self._load_task is not None:
             await asyncio.shield(self._load_task)
@@ -99,23 +104,29 @@ class EncoderRuntime:
 
                 torch.set_num_threads(self.settings.model.num_threads)
             adapter = await asyncio.to_thread(self._loader, self.settings.model)
+            self.step = LoadStep.WARMING_UP
             await asyncio.to_thread(adapter.warmup)
+            if self._cache.enabled:
+                self._namespace = await asyncio.to_thread(model_namespace, adapter.info(), self.settings)
+                self._cache.store.bind(self._namespace)  # another model than before: emptied
         except Exception as exc:  # noqa: BLE001 - any load failure is reported, never raised
-            self.state, self.load_error = State.FAILED, f"{type(exc).__name__}: {exc}"
+            self.state, self.step, self.load_error = ReplicaState.FAILED, None, f"{type(exc).__name__}: {exc}"
             log.error("model load failed: %s", self.load_error)
             return
-        self.adapter = adapter
+        freeze_startup_objects()  # before serving: a full GC pass over the model stack would stall the loop
+        self.adapter, self.step = adapter, None
         self._scheduler = BatchScheduler(adapter, self.settings.batching, self.metrics, on_forward=self._profiler.step)
         self._scheduler.start()
-        if self.state is State.LOADING:
-            self.state = State.READY
+        if self.state is ReplicaState.LOADING:
+            self.state = ReplicaState.READY
         log.info("encoder ready (%s) in %.1fs", adapter.name, time.perf_counter() - started)
 
     def begin_shutdown(self) -> None:
         """Stop admitting and answer every request that has not started (503). Idempotent."""
-        if self.state is State.STOPPING:
+        if self.state is ReplicaState.STOPPING:
             return
-        self.state = State.STOPPING
+        self.state = ReplicaState.STOPPING
+        self._admission.close()
         if self._scheduler is not None:
             n = self._scheduler.fail_waiting(ShuttingDown("server is shutting down"))
             log.info("shutting down: %d queued requests answered 503", n)
@@ -129,19 +140,20 @@ class EncoderRuntime:
             await self._scheduler.stop(grace)
         await self._transfer.close()
         self._media_exec.shutdown(wait=False, cancel_futures=True)
+        self._offload.close()
 
     # --- /encode --------------------------------------------------------------------------
     def _check_serving(self) -> EncoderAdapter:
-        if self.state is State.STOPPING:
+        if self.state is ReplicaState.STOPPING:
             raise ShuttingDown("server is shutting down")
-        if self.state is State.FAILED:
+        if self.state is ReplicaState.FAILED:
             raise NotReady(f"model failed to load: {self.load_error}")
-        if self.state is State.LOADING or self.adapter is None:
+        if self.state is ReplicaState.LOADING or self.adapter is None:
             raise NotReady("model is still loading")
         return self.adapter
 
-    async def encode(self, body: Any) -> Any:
-        """Validate, batch, encode and deliver one /encode body; returns the response body."""
+    async def encode(self, body: object) -> InlineAnswer | None:
+        """Validate, batch, encode and deliver one /encode body: the inline answer, or None once pushed."""
         request = parse_encode_request(body)
         try:
             return await self.encode_request(request)
@@ -149,8 +161,8 @@ class EncoderRuntime:
             err.req_id = err.req_id or request.req_id
             raise
 
-    async def encode_request(self, request: EncodeRequest) -> Any:
-        """As :meth:`encode` for an already parsed request."""
+    async def encode_request(self, request: EncodeRequest) -> InlineAnswer | None:
+        """As :meth:`encode` for an already parsed request; holds an admission permit until answered."""
         adapter = self._check_serving()
         if request.modality not in adapter.modalities:
             allowed = ", ".join(sorted(m.value for m in adapter.modalities))
@@ -158,48 +170,38 @@ class EncoderRuntime:
                 f"field 'modality': {request.modality.value} not supported by this model "
                 f"({adapter.name} takes {allowed})"
             )
-        if request.req_id in self._inflight:
-            raise DuplicateRequest(f"req_id {request.req_id!r} is already in flight")
-        if self._admitted >= self.settings.admission.max_queue:
-            raise Overloaded(f"queue is full ({self.settings.admission.max_queue} requests waiting); retry later")
-        transfer = self._transfer.for_request(request)
-        self._inflight.add(request.req_id)
-        self._admitted += 1
-        self.metrics.inflight.inc()
-        deadline = time.monotonic() + self.settings.admission.req_timeout
-        entry: PendingEntry | None = None
-        try:
-            entry = await self._admit(request, adapter, deadline)
-            part = await self._await_part(entry, deadline)
-            self._success.record()
-            return await transfer.deliver(request, part)
-        except EncoderError as err:
-            await transfer.deliver_error(request, err)
-            raise
-        finally:
-            if entry is None:
-                self._admitted -= 1
-            else:
-                entry.release()
-            self._inflight.discard(request.req_id)
-            self.metrics.inflight.dec()
+        async with self._admission.admit(request.req_id):
+            transfer = self._transfer.for_request(request)
+            deadline = time.monotonic() + self.settings.admission.req_timeout
+            try:
+                if self._cache.enabled:
+                    part = await self._encode_cached(request, adapter, deadline)
+                else:
+                    entry = await self._enqueue(request, adapter, deadline)
+                    part = await self._await_part(entry, deadline)
+                self._success.record()
+                return await transfer.deliver(request, part)
+            except EncoderError as err:
+                await transfer.deliver_error(request, err)
+                raise
 
-    async def _admit(self, request: EncodeRequest, adapter: EncoderAdapter, deadline: float) -> PendingEntry:
+    async def _enqueue(self, request: EncodeRequest, adapter: EncoderAdapter, deadline: float) -> PendingEntry:
+        """Fetch, decode and measure the items (media threads), then hand the request to the batcher."""
         started = time.perf_counter()
-        try:
-            loaded = await asyncio.wait_for(self._load_items(request, adapter), deadline - time.monotonic())
-        except TimeoutError:
-            raise RequestTimeout(f"fetching and decoding items took over {self.settings.admission.req_timeout}s") from None
+        limit = self.settings.admission.req_timeout
+        loaded = await self._until(deadline, self._load_items(request, adapter), f"fetching and decoding items took over {limit}s")
         self.metrics.decode_latency.observe(time.perf_counter() - started)
         self._check_serving()
-        loop = asyncio.get_running_loop()
+        return self._submit(request, loaded, deadline)
+
+    def _submit(self, request: EncodeRequest, loaded: list[tuple[MediaItem, int]], deadline: float) -> PendingEntry:
+        """Hand decoded items to the batcher as one entry; its future resolves to their part."""
         entry = PendingEntry(
             request=request,
             items=[item for item, _ in loaded],
             item_tokens=[tokens for _, tokens in loaded],
-            future=loop.create_future(),
+            future=asyncio.get_running_loop().create_future(),
             admitted_at=time.monotonic(),
-            on_release=self._release_admission,
             deadline=deadline,
         )
         assert self._scheduler is not None
@@ -207,39 +209,67 @@ class EncoderRuntime:
         self.metrics.queue_depth.set(self._scheduler.depth)
         return entry
 
-    def _release_admission(self) -> None:
-        self._admitted -= 1
-
     async def _await_part(self, entry: PendingEntry, deadline: float) -> EncodedPart:
+        return await self._until(deadline, entry.future, self._timed_out(entry.request))
+
+    def _timed_out(self, request: EncodeRequest) -> str:
+        return f"request {request.req_id!r} timed out after {self.settings.admission.req_timeout}s (ENCODER_REQ_TIMEOUT)"
+
+    @staticmethod
+    async def _until(deadline: float, work: Awaitable[T], message: str) -> T:
+        """``work``'s result, or :class:`RequestTimeout` with ``message`` at ``deadline``."""
         try:
-            return await asyncio.wait_for(entry.future, max(deadline - time.monotonic(), 0))
+            return await asyncio.wait_for(work, max(deadline - time.monotonic(), 0))
         except TimeoutError:
-            raise RequestTimeout(
-                f"request {entry.request.req_id!r} timed out after {self.settings.admission.req_timeout}s (ENCODER_REQ_TIMEOUT)"
-            ) from None
+            raise RequestTimeout(message) from None
+
+    async def _encode_cached(self, request: EncodeRequest, adapter: EncoderAdapter, deadline: float) -> EncodedPart:
+        """Fetch and hash every item; the cache serves hits and computes only the misses, once (:class:`ItemCache`)."""
+        started = time.perf_counter()
+        jobs = [(index, self._fetch_one, (spec,)) for index, spec in enumerate(request.items)]
+        limit = self.settings.admission.req_timeout
+        fetched = await self._until(deadline, self._on_media_threads(request, jobs), f"fetching items took over {limit}s")
+        assert self._namespace is not None
+        keys = [item_key(self._namespace, request.modality, digest) for _, digest in fetched]
+        spent = [time.perf_counter() - started]
+
+        async def compute(indices: list[int]) -> EncodedPart:
+            begun = time.perf_counter()
+            decode = [(i, self._decode_one, (request.modality, fetched[i][0], adapter)) for i in indices]
+            loaded = await self._on_media_threads(request, decode)
+            spent.append(time.perf_counter() - begun)
+            self._check_serving()
+            return await self._submit(request, loaded, deadline).future
+
+        try:
+            return await self._until(deadline, self._cache.encode(keys, compute), self._timed_out(request))
+        finally:
+            self.metrics.decode_latency.observe(sum(spent))
 
     async def _load_items(self, request: EncodeRequest, adapter: EncoderAdapter) -> list[tuple[MediaItem, int]]:
+        jobs = [(index, self._load_one, (request.modality, spec, adapter)) for index, spec in enumerate(request.items)]
+        return await self._on_media_threads(request, jobs)
+
+    async def _on_media_threads(self, request: EncodeRequest, jobs: list[tuple[int, Callable[..., T], tuple[Any, ...]]]) -> list[T]:
+        """Run ``step(*args)`` per item on the media threads (errors named by item); results in order."""
         loop = asyncio.get_running_loop()
-        jobs = [
-            loop.run_in_executor(self._media_exec, self._load_one, request, index, spec, adapter)
-            for index, spec in enumerate(request.items)
+        futures = [
+            loop.run_in_executor(self._media_exec, self._item_step, request, index, step, *args) for index, step, args in jobs
         ]
-        results = await asyncio.gather(*jobs, return_exceptions=True)
+        results = await asyncio.gather(*futures, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
         return results  # type: ignore[return-value]
 
-    def _load_one(self, request: EncodeRequest, index: int, spec: ItemSpec, adapter: EncoderAdapter) -> tuple[MediaItem, int]:
-        """Fetch, decode and measure one item (media thread).
+    def _item_step(self, request: EncodeRequest, index: int, step: Callable[..., T], *args: Any) -> T:
+        """One item's media step (media thread).
 
         Only a :class:`MediaError` blames the item (400 naming ``mm_items[i]``). Anything else is
         a fault of ours: logged here once with its traceback, answered 500.
         """
         try:
-            data = self._sources.fetch(spec.source)
-            item = decode_item(request.modality, data, adapter, self.settings.media)
-            return item, adapter.measure(item)
+            return step(*args)
         except MediaError as exc:
             raise ItemError(index, exc.message, req_id=request.req_id) from None
         except EncoderError:
@@ -249,6 +279,20 @@ class EncoderRuntime:
             raise InternalError(
                 f"loading mm_items[{index}] failed inside the server ({type(exc).__name__}: {exc})", req_id=request.req_id
             ) from None
+
+    def _load_one(self, modality: Modality, spec: ItemSpec, adapter: EncoderAdapter) -> tuple[MediaItem, int]:
+        """Fetch, decode and measure one item."""
+        return self._decode_one(modality, self._sources.fetch_item(spec), adapter)
+
+    def _decode_one(self, modality: Modality, data: bytes, adapter: EncoderAdapter) -> tuple[MediaItem, int]:
+        """Decode and measure one item's bytes."""
+        item = decode_item(modality, data, adapter, self.settings.media)
+        return item, adapter.measure(item)
+
+    def _fetch_one(self, spec: ItemSpec) -> tuple[bytes, bytes]:
+        """One item's bytes (checked against its ``content_hash``) and their content digest (the key's content part)."""
+        data = self._sources.fetch_item(spec)
+        return data, content_digest(data, spec.content_hash)  # a verified hash is not computed twice
 
     # --- health, info, profiling ------------------------------------------------------------
     async def health(self) -> None:
@@ -280,7 +324,7 @@ class EncoderRuntime:
             entry.future.cancel()
         self._success.record()
 
-    async def run_on_model_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def run_on_model_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn`` on the thread that runs forwards (the profiler records that thread)."""
         if self._scheduler is None:
             return await asyncio.to_thread(fn, *args)
@@ -298,6 +342,19 @@ class EncoderRuntime:
         """zmq_to_scheduler: a prefill rank tells where it receives a request's embedding."""
         await self._transfer.register_receive_url(payload)
 
+    @property
+    def registry(self) -> CollectorRegistry:
+        """The registry /metrics renders (the HTTP edge adds its families to it)."""
+        return self.metrics.registry
+
+    async def mooncake_meta(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """mooncake: a prefill rank pulls a part's sizes."""
+        return await self._transfer.mooncake_meta(payload)
+
+    async def mooncake_send(self, payload: dict[str, Any]) -> None:
+        """mooncake: a prefill rank asks for a staged part."""
+        await self._transfer.mooncake_send(payload)
+
     def metrics_text(self) -> bytes:
         """Prometheus text for /metrics."""
         if self._scheduler is not None:
@@ -311,7 +368,8 @@ class EncoderRuntime:
             "load_error": self.load_error,
             "model": self.adapter.info() if self.adapter else None,
             "queue_depth": self._scheduler.depth if self._scheduler else 0,
-            "inflight": len(self._inflight),
+            "inflight": self._admission.in_flight,
+            "cache": self._cache.info(),
             "uptime_s": round(time.time() - self.started_at, 3),
             "settings": self.settings.masked(),
         }

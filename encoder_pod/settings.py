@@ -19,6 +19,7 @@ handed the group(s) it needs (the batch scheduler gets ``settings.batching``, th
   duration limits, video sampling; allowed media domains belong here).
 - ``transfer``: how embeddings reach prefill servers (backend, wire format, push sockets).
 - ``parallel``: data-parallel workers and tensor-parallel groups, their watchdogs and timeouts.
+- ``cache``: the embedding cache (its byte budget).
 - ``observability``: logging and the readiness probe.
 
 A new concern gets its own group (e.g. ``cache`` for an embedding cache size): declare a
@@ -38,6 +39,8 @@ workers and tensor-parallel ranks rebuild the settings from the JSON their paren
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import logging
 import os
 from dataclasses import dataclass
 from enum import Enum
@@ -49,6 +52,59 @@ from pydantic.fields import FieldInfo
 
 ENV_PREFIX = "ENCODER_"
 ALIAS_PREFIX = "SGLANG_ENCODER_"
+
+log = logging.getLogger(__name__)
+
+SGLANG_RELEASES = ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+"""SGLang releases whose prefill-side receiver reads this pod's frames (each tested against its own code)."""
+
+
+def names(
+    *, flag: str | None = None, deprecated_env: tuple[str, ...] = (), env_aliases: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """``Field(json_schema_extra=...)`` for a setting whose flag or old env names differ from the rule.
+
+    ``flag`` replaces ``--<name>`` (SGLang's own flag name, for drop-in use); ``env_aliases`` are
+    further names read after ``ENCODER_<NAME>`` and ``SGLANG_ENCODER_<NAME>`` (SGLang's own name of
+    the same setting); ``deprecated_env`` still work, after those, and log a warning naming the
+    replacement.
+    """
+    return {"flag": flag, "deprecated_env": list(deprecated_env), "env_aliases": list(env_aliases)}
+
+
+def split_list(value: str | list[Any]) -> list[str]:
+    """A list setting from an env value or repeated flag values: split on commas and spaces, blanks dropped."""
+    parts = [value] if isinstance(value, str) else [str(v) for v in value]
+    return [item for part in parts for item in part.replace(",", " ").split()]
+
+
+def normalise_media_domain(domain: str) -> str:
+    """An ALLOWED_MEDIA_DOMAINS entry as SGLang normalises it, plus ``*.suffix`` wildcards.
+
+    Stripped, trailing dot removed, brackets of ``[v6]`` removed, IP literals canonical, names
+    IDNA-encoded and lower-cased. Schemes, paths, user info and ports are refused (ValueError).
+    """
+    text = domain.strip().rstrip(".")
+    if not text:
+        raise ValueError("an allowed media domain cannot be empty")
+    if "://" in text or any(c in text for c in "/?#@"):
+        raise ValueError(f"allowed media domain {text!r}: give a host name only (no scheme, path or user)")
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        if ":" in text:
+            raise ValueError(f"allowed media domain {text!r}: ports are not supported") from None
+    wildcard = text.startswith("*.")
+    name = text[2:] if wildcard else text
+    if not name or "*" in name:
+        raise ValueError(f"allowed media domain {text!r}: a wildcard is '*.' followed by a domain")
+    try:
+        normalised = name.encode("idna").decode("ascii").lower()
+    except UnicodeError:
+        raise ValueError(f"allowed media domain {text!r} is not a valid host name") from None
+    return f"*.{normalised}" if wildcard else normalised
 
 
 class SettingsError(Exception):
@@ -64,11 +120,20 @@ class ModelPathError(SettingsError):
 
 
 class TransferBackend(str, Enum):
-    """Where an embedding goes once encoded."""
+    """Where an embedding goes once encoded (SGLang's ``--encoder-transfer-backend`` values, plus inline)."""
 
+    AUTO = "auto"
     INLINE = "inline"
     ZMQ_TO_TOKENIZER = "zmq_to_tokenizer"
     ZMQ_TO_SCHEDULER = "zmq_to_scheduler"
+    MOONCAKE = "mooncake"
+
+
+class WireFormat(str, Enum):
+    """The frames a ZMQ push carries."""
+
+    SGLANG = "sglang"
+    ENCODERPOOL = "encoderpool"
 
 
 class SettingsGroup(BaseModel):
@@ -103,6 +168,33 @@ class ServerSettings(SettingsGroup):
     """HTTP port."""
     max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     """Largest /encode body in bytes; 413 beyond (also the largest fetched item)."""
+    register_urls: list[str] = Field(default_factory=list, json_schema_extra=names(flag="--encoder-register-urls"))
+    """SGLang EncoderBootstrapServer base URLs this pod registers with once ready (comma separated)."""
+    advertise_url: str = ""
+    """URL this pod registers (http://host:port); derived from HOST/PORT when unset."""
+    register_check_interval: float = Field(30.0, ge=0, le=3600)
+    """Seconds between checks that each bootstrap server still lists this pod (re-registers if not; 0 = never)."""
+
+    @field_validator("register_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, value: Any) -> Any:
+        return [u.rstrip("/") for u in split_list(value)] if isinstance(value, (str, list)) else value
+
+    @field_validator("register_urls")
+    @classmethod
+    def _check_urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} is not an http(s) base URL")
+        return value
+
+    @field_validator("advertise_url")
+    @classmethod
+    def _check_advertise(cls, value: str) -> str:
+        value = value.strip().rstrip("/")
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError(f"{value!r} is not an http(s) URL")
+        return value
 
 
 class AdmissionSettings(SettingsGroup):
@@ -134,12 +226,17 @@ class MediaSettings(SettingsGroup):
     """Largest decoded image (width x height); 400 beyond."""
     max_audio_seconds: float = Field(600.0, gt=0)
     """Longest audio item in seconds; 400 beyond."""
-    allow_url_fetch: bool = False
-    """Allow http(s) item URLs."""
-    allowed_url_hosts: list[str] = Field(default_factory=list)
-    """Hosts http(s) items may come from (comma separated)."""
+    allow_url_fetch: bool = True
+    """Fetch http(s) item URLs (under ALLOWED_MEDIA_DOMAINS and the private-address guard)."""
+    allowed_media_domains: list[str] = Field(
+        default_factory=list,
+        json_schema_extra=names(flag="--allowed-media-domains", deprecated_env=("ENCODER_ALLOWED_URL_HOSTS",)),
+    )
+    """Hosts http(s) items may come from: exact names or IPs, or *.suffix wildcards (comma separated; empty = any public host)."""
+    allow_private_media_hosts: bool = False
+    """Let http(s) items come from private, loopback and link-local addresses (a host listed by exact name always may)."""
     url_fetch_timeout: float = Field(10.0, gt=0, le=600)
-    """Connect/read timeout for item URLs in seconds."""
+    """Seconds one item URL may take in total (every redirect and the body)."""
     allowed_local_media_path: str | None = None
     """Directory file-path items may come from (unset = refused)."""
     video_fps: float = Field(2.0, gt=0, le=120)
@@ -149,12 +246,15 @@ class MediaSettings(SettingsGroup):
     video_max_frames: int = Field(64, ge=1)
     """Most frames sampled from a video."""
 
-    @field_validator("allowed_url_hosts", mode="before")
+    @field_validator("allowed_media_domains", mode="before")
     @classmethod
-    def _split_hosts(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [h.strip().lower() for h in value.split(",") if h.strip()]
-        return value
+    def _split_domains(cls, value: Any) -> Any:
+        return split_list(value) if isinstance(value, (str, list)) else value
+
+    @field_validator("allowed_media_domains")
+    @classmethod
+    def _normalise_domains(cls, value: list[str]) -> list[str]:
+        return sorted({normalise_media_domain(v) for v in value})
 
     @model_validator(mode="after")
     def _check_frames(self) -> "MediaSettings":
@@ -169,18 +269,39 @@ class MediaSettings(SettingsGroup):
 class TransferSettings(SettingsGroup):
     """How embeddings reach prefill servers."""
 
-    encoder_transfer_backend: TransferBackend = TransferBackend.INLINE
-    """inline, zmq_to_tokenizer or zmq_to_scheduler."""
+    transfer_backend: TransferBackend = Field(
+        TransferBackend.AUTO,
+        json_schema_extra=names(flag="--encoder-transfer-backend", deprecated_env=("ENCODER_ENCODER_TRANSFER_BACKEND",)),
+    )
+    """auto (what each SGLang request asks for), inline, zmq_to_tokenizer, zmq_to_scheduler or mooncake."""
     send_timeout: float = Field(180.0, gt=0, le=86_400)
     """Seconds a push to prefill may take before it fails."""
-    wire_format: Literal["encoderpool", "sglang=0.5.23"] = "encoderpool"
-    """Frames pushed to prefill: encoderpool (msgpack header, no pickle) or sglang=<release> (opt-in pickle)."""
+    wire_format: WireFormat = WireFormat.SGLANG
+    """ZMQ frames: sglang (what SGLang's receiver reads) or encoderpool (msgpack, for encoder_pod.receiver)."""
+    sglang_version: Literal["auto", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"] = "auto"
+    """SGLang frames: auto (read by every supported release) or a release (byte-identical to its own encoder's)."""
+    mooncake_protocol: Literal["rdma", "tcp"] = "rdma"
+    """mooncake transport (rdma falls back to TCP on a host without RDMA devices)."""
+    mooncake_device: str = ""
+    """mooncake RDMA device names (SGLang's --disaggregation-ib-device); empty = all."""
+    mooncake_hostname: str = ""
+    """Address mooncake names this pod by; empty = the HOST setting, or this host's IP when HOST is a wildcard."""
     transfer_max_sockets: int = Field(256, ge=1, le=65_536)
     """Most pooled PUSH sockets (one per prefill destination); the least recently used idle one closes beyond."""
     transfer_socket_idle_s: float = Field(300.0, gt=0, le=86_400)
     """Seconds an unused pooled PUSH socket stays open."""
     transfer_linger_s: float = Field(2.0, ge=0, le=600)
     """Seconds a closing PUSH socket may keep flushing queued frames."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_wire_value(cls, data: Any) -> Any:
+        # "sglang=<release>" (the earlier form of this setting) = wire sglang + that release.
+        if isinstance(data, dict) and isinstance(data.get("wire_format"), str) and "=" in data["wire_format"]:
+            kind, _, release = data["wire_format"].partition("=")
+            data = {**data, "wire_format": kind}
+            data.setdefault("sglang_version", release)
+        return data
 
 
 class ParallelSettings(SettingsGroup):
@@ -200,6 +321,13 @@ class ParallelSettings(SettingsGroup):
     """Seconds a data-parallel worker may stay silent before it is deemed hung, killed and restarted."""
     tp_collective_timeout: float = Field(60.0, gt=0, le=3600)
     """Seconds any tensor-parallel collective may take; past it the group is taken down and restarted."""
+
+
+class CacheSettings(SettingsGroup):
+    """The embedding cache: repeated items served without decode, preprocess or forward."""
+
+    cache_size_mb: int = Field(0, ge=0, le=1_048_576, json_schema_extra=names(env_aliases=("SGLANG_VLM_CACHE_SIZE_MB",)))
+    """Byte budget of the embedding cache per model replica in MiB (0 = off); least recently used entries go first."""
 
 
 class ObservabilitySettings(SettingsGroup):
@@ -223,6 +351,7 @@ class EncoderSettings(BaseModel):
     media: MediaSettings = MediaSettings()
     transfer: TransferSettings = TransferSettings()
     parallel: ParallelSettings = ParallelSettings()
+    cache: CacheSettings = CacheSettings()
     observability: ObservabilitySettings = ObservabilitySettings()
 
     def masked(self) -> dict[str, Any]:
@@ -253,9 +382,27 @@ class Setting:
         return ALIAS_PREFIX + self.name.upper()
 
     @property
+    def _extra(self) -> dict[str, Any]:
+        extra = self.info.json_schema_extra
+        return extra if isinstance(extra, dict) else {}
+
+    @property
     def flag(self) -> str:
-        """``--<name-with-dashes>``."""
-        return "--" + self.name.replace("_", "-")
+        """``--<name-with-dashes>``, or SGLang's own flag name where the setting declares one."""
+        flag = self._extra.get("flag")
+        return flag if isinstance(flag, str) else "--" + self.name.replace("_", "-")
+
+    @property
+    def env_aliases(self) -> list[str]:
+        """Other current env names of this setting (SGLang's), read after ``SGLANG_ENCODER_<NAME>``."""
+        aliases = self._extra.get("env_aliases")
+        return [str(v) for v in aliases] if isinstance(aliases, list) else []
+
+    @property
+    def deprecated_env(self) -> list[str]:
+        """Older env names still read (after the current ones), each logging a warning."""
+        old = self._extra.get("deprecated_env")
+        return [str(v) for v in old] if isinstance(old, list) else []
 
 
 def setting_groups() -> dict[str, type[SettingsGroup]]:
@@ -293,6 +440,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
             section.add_argument(
                 setting.flag, dest=setting.name, default=None, action=argparse.BooleanOptionalAction, help=help_text
             )
+        elif get_origin(info.annotation) is list:
+            section.add_argument(setting.flag, dest=setting.name, default=None, nargs="+", help=help_text)
         elif get_origin(info.annotation) is Literal:
             section.add_argument(
                 setting.flag, dest=setting.name, default=None, choices=get_args(info.annotation), help=help_text
@@ -328,10 +477,12 @@ def load_settings(cli: Mapping[str, Any] | None = None, env: Mapping[str, str] |
         if name in given:
             groups[setting.group][name] = given[name]
             continue
-        for var in (setting.env, setting.alias):
+        for var in (setting.env, setting.alias, *setting.env_aliases, *setting.deprecated_env):
             raw = environ.get(var)
             if raw not in (None, ""):
                 groups[setting.group][name] = raw
+                if var in setting.deprecated_env:
+                    log.warning("%s is deprecated and will be removed; use %s (same meaning)", var, setting.env)
                 break
     try:
         return EncoderSettings.model_validate(groups)

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from encoder_pod.metrics import EncoderMetrics
+from prometheus_client import CollectorRegistry
+
+from encoder_pod.transfer.inline import InlineAnswer
 
 
 class Engine(Protocol):
     """The surface behind the routes; implemented by EncoderRuntime and the DP front."""
 
-    metrics: EncoderMetrics
+    @property
+    def registry(self) -> CollectorRegistry:
+        """The registry ``/metrics`` renders; the HTTP edge registers its own families on it."""
+        ...
 
     async def start(self) -> None:
         """Begin loading; must return quickly (the server answers 503 meanwhile)."""
@@ -21,8 +26,8 @@ class Engine(Protocol):
     async def shutdown(self, grace: float) -> None:
         """Finish started work within ``grace`` seconds and release everything."""
 
-    async def encode(self, body: Any) -> Any:
-        """Answer one /encode body; raises EncoderError."""
+    async def encode(self, body: object) -> InlineAnswer | None:
+        """Answer one /encode body (the inline answer, or None once pushed); raises EncoderError."""
 
     async def health(self) -> None:
         """Raise NotReady unless a real encode works."""
@@ -41,3 +46,9 @@ class Engine(Protocol):
 
     async def register_receive_url(self, payload: dict[str, Any]) -> None:
         """zmq_to_scheduler receive-URL registration."""
+
+    async def mooncake_meta(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """mooncake /scheduler_receive_meta_data."""
+
+    async def mooncake_send(self, payload: dict[str, Any]) -> None:
+        """mooncake /send."""

@@ -10,16 +10,20 @@ import asyncio
 import json
 import logging
 import time
-from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from encoder_pod.api.engine import Engine
+from encoder_pod.api.json_body import SMALL_BODY, PiecesResponse, parse_large
 from encoder_pod.api.openapi import ENCODE_OPENAPI
 from encoder_pod.errors import EncoderError, InvalidRequest, PayloadTooLarge
+from encoder_pod.metrics import EdgeMetrics
+from encoder_pod.offload import Offload, freeze_startup_objects
 from encoder_pod.settings import EncoderSettings
+from encoder_pod.transfer.inline import InlineAnswer
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +39,8 @@ def error_body(message: str, req_id: str | None) -> dict[str, Any]:
     return {"status": "error", "message": message, "req_id": req_id}
 
 
-async def _read_body(request: Request, limit: int) -> Any:
+async def _read_body(request: Request, limit: int, offload: Offload) -> Any:
+    """The body's JSON value; a large one is parsed on an offload thread (the loop stays free)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"body is {declared} bytes, above the limit of {limit} (ENCODER_MAX_REQUEST_BYTES)")
@@ -46,16 +51,18 @@ async def _read_body(request: Request, limit: int) -> Any:
             raise PayloadTooLarge(f"body is over the limit of {limit} bytes (ENCODER_MAX_REQUEST_BYTES)")
         chunks.append(chunk)
     try:
-        return json.loads(b"".join(chunks))
+        if size <= SMALL_BODY:
+            return json.loads(b"".join(chunks))
+        return await offload.run(parse_large, chunks)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"body is not valid JSON ({exc})") from None
 
 
-async def _read_object(request: Request, limit: int, empty_ok: bool = False) -> dict[str, Any]:
+async def _read_object(request: Request, limit: int, offload: Offload, empty_ok: bool = False) -> dict[str, Any]:
     """A JSON object body (small control endpoints); an empty body is ``{}`` when ``empty_ok``."""
     if empty_ok and not (await request.body()).strip():
         return {}
-    payload = await _read_body(request, limit)
+    payload = await _read_body(request, limit, offload)
     if not isinstance(payload, dict):
         raise InvalidRequest("body must be a JSON object")
     return payload
@@ -80,30 +87,49 @@ def _install_error_table(app: FastAPI) -> None:
         return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", None), status_code=500)
 
 
-def _lifespan(engine: Engine, settings: EncoderSettings):
+def _lifespan(
+    engine: Engine, settings: EncoderSettings, offload: Offload
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
+        freeze_startup_objects()  # the web stack; a local model is frozen once it is loaded
         yield
         await engine.shutdown(grace=settings.admission.req_timeout)
+        offload.close()
 
     return lifespan
 
 
+def _answer(answer: InlineAnswer | None) -> Response:
+    """The HTTP response of an /encode answer: ``null`` once pushed, else the inline body in pieces."""
+    if answer is None:
+        return JSONResponse(None)
+    return PiecesResponse(answer.render())
+
+
 def create_app(settings: EncoderSettings, engine: Engine) -> FastAPI:
     """The encoder pod's HTTP app over ``engine``."""
-    app = FastAPI(title="encoderpool encoder pod", version="0.1.0", lifespan=_lifespan(engine, settings))
+    offload = Offload(name="http-offload")
+    app = FastAPI(title="encoderpool encoder pod", version="0.1.0", lifespan=_lifespan(engine, settings, offload))
     app.state.engine = engine
     _install_error_table(app)
-    metrics = engine.metrics
+    _install_encode(app, settings, engine, offload)
+    _install_probes(app, engine)
+    _install_control(app, engine, offload)
+    return app
+
+
+def _install_encode(app: FastAPI, settings: EncoderSettings, engine: Engine, offload: Offload) -> None:
+    metrics = EdgeMetrics(engine.registry)
 
     @app.post("/encode", openapi_extra=ENCODE_OPENAPI)
-    async def encode(request: Request) -> Any:
+    async def encode(request: Request) -> Response:
         """Encode a request's media items and deliver the embedding (SGLang's /encode)."""
         started = time.perf_counter()
         code, req_id = 200, None
         try:
-            body = await _read_body(request, settings.server.max_request_bytes)
+            body = await _read_body(request, settings.server.max_request_bytes, offload)
             req_id = body.get("req_id") if isinstance(body, dict) else None
             task = asyncio.ensure_future(engine.encode(body))
             watcher = asyncio.ensure_future(_until_disconnect(request))
@@ -114,8 +140,7 @@ def create_app(settings: EncoderSettings, engine: Engine) -> FastAPI:
                 await asyncio.gather(task, return_exceptions=True)
                 return Response(status_code=CLIENT_GONE)
             watcher.cancel()
-            result = task.result()
-            return JSONResponse(result)
+            return _answer(task.result())
         except EncoderError as exc:
             code = exc.http_status
             exc.req_id = exc.req_id or (req_id if isinstance(req_id, str) else None)
@@ -126,6 +151,13 @@ def create_app(settings: EncoderSettings, engine: Engine) -> FastAPI:
         finally:
             metrics.requests.labels(code=str(code)).inc()
             metrics.request_latency.observe(time.perf_counter() - started)
+
+
+def _install_probes(app: FastAPI, engine: Engine) -> None:
+    @app.get("/livez")
+    async def livez() -> dict[str, str]:
+        """Liveness: 200 whenever this process's event loop answers; touches no engine, queue or model."""
+        return {"status": "alive"}
 
     @app.get("/health")
     async def health() -> Response:
@@ -149,20 +181,30 @@ def create_app(settings: EncoderSettings, engine: Engine) -> FastAPI:
         """State, model facts, queue and the effective settings."""
         return engine.info()
 
+
+def _install_control(app: FastAPI, engine: Engine, offload: Offload) -> None:
     @app.post("/scheduler_receive_url")
     async def scheduler_receive_url(request: Request) -> dict[str, Any]:
         """zmq_to_scheduler: register where a prefill rank receives a request's embedding."""
-        await engine.register_receive_url(await _read_object(request, CONTROL_BODY_LIMIT))
+        await engine.register_receive_url(await _read_object(request, CONTROL_BODY_LIMIT, offload))
         return {"status": "ok"}
 
-    @app.post("/start_profile")
-    async def start_profile(request: Request) -> dict[str, Any]:
-        """Start the torch profiler (output_dir, num_steps, activities, with_stack, record_shapes)."""
-        return await engine.start_profile(await _read_object(request, CONTROL_BODY_LIMIT, empty_ok=True))
+    @app.post("/scheduler_receive_meta_data")
+    async def scheduler_receive_meta_data(request: Request) -> dict[str, Any]:
+        """mooncake: a prefill rank pulls a part's sizes (waits until the part is encoded)."""
+        return await engine.mooncake_meta(await _read_object(request, CONTROL_BODY_LIMIT, offload))
 
-    @app.post("/stop_profile")
+    @app.post("/send")
+    async def send(request: Request) -> None:
+        """mooncake: write a staged part into a prefill rank's buffer, then acknowledge it over ZMQ."""
+        await engine.mooncake_send(await _read_object(request, CONTROL_BODY_LIMIT, offload))
+
+    @app.api_route("/start_profile", methods=["GET", "POST"])
+    async def start_profile(request: Request) -> dict[str, Any]:
+        """Start the torch profiler (output_dir, num_steps, activities, with_stack, record_shapes); GET or POST as SGLang."""
+        return await engine.start_profile(await _read_object(request, CONTROL_BODY_LIMIT, offload, empty_ok=True))
+
+    @app.api_route("/stop_profile", methods=["GET", "POST"])
     async def stop_profile() -> dict[str, Any]:
         """Stop the profiler and write the trace."""
         return await engine.stop_profile()
-
-    return app

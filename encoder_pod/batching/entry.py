@@ -3,29 +3,37 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
+from types import TracebackType
 
 from encoder_pod.errors import EncoderError, InternalError, InvalidRequest
 from encoder_pod.modality import Modality
 from encoder_pod.models.base import EncodedPart, MediaItem
 from encoder_pod.protocol import EncodeRequest
 
+log = logging.getLogger(__name__)
+
+PROCESSOR_PACKAGES = ("transformers",)
+"""Where the Hugging Face processors live: a ValueError raised in there is a refusal of the input."""
+
 
 @dataclass(eq=False)
 class PendingEntry:
-    """One admitted, decoded request; its future resolves to its :class:`EncodedPart`."""
+    """One admitted, decoded request; its future resolves to its :class:`EncodedPart`.
+
+    Its place in admission is the request's :class:`~encoder_pod.batching.admission.Permit`,
+    held by whoever awaits the future; the entry itself holds nothing to release.
+    """
 
     request: EncodeRequest
     items: list[MediaItem]
     item_tokens: list[int]
     future: asyncio.Future[EncodedPart]
     admitted_at: float
-    on_release: Callable[[], None] = lambda: None
     deadline: float = math.inf
-    _released: bool = field(default=False, repr=False)
 
     @property
     def modality(self) -> Modality:
@@ -47,34 +55,39 @@ class PendingEntry:
         """False once answered, timed out, or abandoned by its caller."""
         return not self.future.done()
 
-    def release(self) -> bool:
-        """Leave the admission count, exactly once (taken into a batch, dropped or failed)."""
-        if self._released:
-            return False
-        self._released = True
-        self.on_release()
-        return True
-
     def succeed(self, part: EncodedPart) -> None:
         """Deliver the result unless the caller is gone."""
         if not self.future.done():
             self.future.set_result(part)
 
     def fail(self, error: EncoderError) -> None:
-        """Deliver an error unless the caller is gone; always leaves the admission count."""
-        self.release()
+        """Deliver an error unless the caller is gone."""
         if not self.future.done():
             self.future.set_exception(error)
+
+
+def raised_by_processor(exc: BaseException) -> bool:
+    """True when ``exc`` was raised while a Hugging Face processor ran (a frame of its traceback is in it)."""
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None:
+        module = str(tb.tb_frame.f_globals.get("__name__", ""))
+        if module.split(".", 1)[0] in PROCESSOR_PACKAGES:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def as_encoder_error(exc: BaseException, stage: str) -> EncoderError:
     """Typed error for a failure of one request on its own.
 
-    A processor that rejects a request's items on their own (ValueError) is the caller's
-    problem (400); anything else is ours (500).
+    Only the caller's input is a 400: a :class:`~encoder_pod.errors.MediaError` (an
+    :class:`EncoderError`, kept as it is), or a ValueError the Hugging Face processor raised
+    while preprocessing (it refused the request's media). Any other exception, a ValueError of
+    our own code included, is a fault of the server: logged with its traceback, answered 500.
     """
     if isinstance(exc, EncoderError):
         return exc
-    if stage == "preprocess" and isinstance(exc, ValueError):
+    if stage == "preprocess" and isinstance(exc, ValueError) and raised_by_processor(exc):
         return InvalidRequest(f"items could not be preprocessed: {exc}")
+    log.error("%s of a request failed inside the server", stage, exc_info=exc)
     return InternalError(f"{stage} failed: {type(exc).__name__}: {exc}")

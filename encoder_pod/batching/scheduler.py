@@ -3,7 +3,7 @@
 Two stages joined by a queue of one prepared batch, so the CPU preprocessing of batch k+1 runs
 on its own thread while the forward of batch k runs on the model thread:
 
-    submit() -> inbox -> [former: take batch, drop dead, preprocess] -> prepared(1)
+    submit() -> inbox -> [former: drop dead, take_batch, preprocess] -> prepared(1)
              -> [runner: forward, postprocess, set futures]
 
 Failure isolation: when a batched processor call or forward raises, every request of that
@@ -17,17 +17,19 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Callable, Iterable
 
 from encoder_pod.batching.entry import PendingEntry, as_encoder_error
+from encoder_pod.batching.formation import BatchLimits, take_batch
 from encoder_pod.errors import EncoderError, ShuttingDown, SliceMismatch
-from encoder_pod.metrics import EncoderMetrics
+from encoder_pod.metrics import ReplicaMetrics
 from encoder_pod.models.base import EncodedPart, EncoderAdapter, PreparedBatch
 from encoder_pod.settings import BatchingSettings
 
 log = logging.getLogger(__name__)
 
 _Stage = tuple[list[PendingEntry], "PreparedBatch | BaseException"]
+"""One preprocessed batch (or why it failed) on its way to the model thread."""
 
 
 class BatchScheduler:
@@ -37,11 +39,12 @@ class BatchScheduler:
         self,
         adapter: EncoderAdapter,
         settings: BatchingSettings,
-        metrics: EncoderMetrics,
+        metrics: ReplicaMetrics,
         on_forward: Callable[[], None] | None = None,
     ) -> None:
         self._adapter = adapter
         self._settings = settings
+        self._limits = BatchLimits.of(settings)
         self._metrics = metrics
         self._on_forward = on_forward or (lambda: None)
         self._inbox: asyncio.Queue[PendingEntry] = asyncio.Queue()
@@ -108,53 +111,32 @@ class BatchScheduler:
             self._waiting.append(self._inbox.get_nowait())
         return True
 
-    def _drop_dead(self) -> None:
-        alive = [e for e in self._waiting if e.alive]
-        for entry in self._waiting:
-            if not entry.alive:
-                entry.release()
-                self._metrics.dropped.labels(reason=entry.drop_reason).inc()
-        self._waiting = deque(alive)
-
-    def _take(self, batch: list[PendingEntry]) -> None:
-        """Extend ``batch`` from the waiting deque within the item and token budgets."""
-        s = self._settings
-        if not self._waiting and not batch:
-            return
-        if not batch:
-            batch.append(self._waiting.popleft())
-        if not batch[0].modality.batchable:
-            return
-        tokens = sum(e.tokens for e in batch)
-        keep: deque[PendingEntry] = deque()
-        while self._waiting:
-            entry = self._waiting.popleft()
-            fits = entry.modality is batch[0].modality and tokens + entry.tokens <= s.max_batch_tokens
-            if fits and len(batch) < s.max_batch_size:
-                batch.append(entry)
-                tokens += entry.tokens
+    def _drop_dead(self, entries: Iterable[PendingEntry]) -> list[PendingEntry]:
+        """The live entries of ``entries``; every dead one is counted as dropped (the one drop loop)."""
+        alive = []
+        for entry in entries:
+            if entry.alive:
+                alive.append(entry)
             else:
-                keep.append(entry)
-        self._waiting = keep
+                self._metrics.dropped.labels(reason=entry.drop_reason).inc()
+        return alive
+
+    def _take(self, started: list[PendingEntry]) -> list[PendingEntry]:
+        """Drop dead waiters, then form (or extend) a batch from the waiting deque (:func:`take_batch`)."""
+        batch, rest = take_batch(self._drop_dead(self._waiting), self._limits, started)
+        self._waiting = deque(rest)
+        return batch
 
     async def _next_batch(self) -> list[PendingEntry]:
         await self._pull(None if not self._waiting else 0)
-        self._drop_dead()
-        batch: list[PendingEntry] = []
-        self._take(batch)
+        batch = self._take([])
         wait_s = self._settings.max_wait_ms / 1000.0
         if batch and wait_s > 0 and batch[0].modality.batchable:
             deadline = time.monotonic() + wait_s
             while len(batch) < self._settings.max_batch_size and (left := deadline - time.monotonic()) > 0:
                 if await self._pull(left):
-                    self._drop_dead()
-                    self._take(batch)
-        alive = [e for e in batch if e.alive]
-        for entry in batch:
-            if not entry.alive:
-                entry.release()
-                self._metrics.dropped.labels(reason=entry.drop_reason).inc()
-        return alive
+                    batch = self._take(batch)
+        return self._drop_dead(batch)
 
     async def _form_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -164,7 +146,6 @@ class BatchScheduler:
                 continue
             now = time.monotonic()
             for entry in batch:
-                entry.release()
                 self._metrics.queue_wait.observe(now - entry.admitted_at)
             self._metrics.queue_depth.set(self.depth)
             for stage in await self._preprocess(loop, batch):
@@ -212,10 +193,11 @@ class BatchScheduler:
             finally:
                 self._busy -= 1
 
-    async def _run_stage(self, loop: asyncio.AbstractEventLoop, entries: list[PendingEntry], prepared: Any) -> None:
+    async def _run_stage(
+        self, loop: asyncio.AbstractEventLoop, entries: list[PendingEntry], prepared: PreparedBatch | BaseException
+    ) -> None:
         if not any(e.alive for e in entries):
-            for entry in entries:
-                self._metrics.dropped.labels(reason=entry.drop_reason).inc()
+            self._drop_dead(entries)  # every caller gave up while it was preprocessed
             return
         if isinstance(prepared, BaseException):
             for entry in entries:
@@ -226,11 +208,11 @@ class BatchScheduler:
         except Exception as exc:  # noqa: BLE001 - isolated below
             if isinstance(exc, SliceMismatch):
                 self._metrics.slice_mismatches.inc()
-            log.warning("forward of %d requests failed: %s", len(entries), exc)
             if len(entries) == 1:
                 entries[0].fail(as_encoder_error(exc, stage="forward"))
                 return
             self._metrics.batch_failures.labels(stage="forward").inc()
+            log.warning("forward of %d requests failed (%s); retrying one by one", len(entries), exc)
             for entry in entries:
                 for stage in await self._preprocess(loop, [entry]):
                     await self._run_stage(loop, *stage)

@@ -1,32 +1,37 @@
-"""Fetching an item's bytes: data: URIs, raw base64, http(s) URLs (opt-in), local files (opt-in).
+"""Fetching an item's bytes: data: URIs, raw base64, http(s) URLs, local files (opt-in).
 
-Each source is refused unless the operator allowed it: URL fetching needs ALLOW_URL_FETCH and a
-host in ALLOWED_URL_HOSTS; file paths need ALLOWED_LOCAL_MEDIA_PATH and may not escape it
-through ``..`` or symbolic links.
+http(s) URLs follow SGLang's ``--allowed-media-domains`` rule plus a private-address guard
+(:mod:`encoder_pod.media.url_fetch`; ALLOW_URL_FETCH=false refuses them all). File paths need
+ALLOWED_LOCAL_MEDIA_PATH and may not escape it through ``..`` or symbolic links. An item that
+names a ``content_hash`` gets exactly the bytes it names: ``sha256:<hex>`` of what was fetched
+(the decoded payload of a data: URI or base64 string), else 400, as SGLang's encoder checks it.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import os
 import re
 from pathlib import Path
-from urllib.parse import unquote_to_bytes, urlsplit
+from urllib.parse import unquote_to_bytes
 
-import httpx
-
-from encoder_pod.errors import MediaError
+from encoder_pod.media.url_fetch import SourceError, UrlPolicy, fetch_url
+from encoder_pod.protocol import ItemSpec
 from encoder_pod.settings import MediaSettings
 
 _BASE64 = re.compile(r"^[A-Za-z0-9+/_\-\s]*={0,2}\s*$")
 
+B64_SLICE = 1 << 19
+"""Characters decoded per step (a multiple of 4): a multi-megabyte item never holds the GIL long."""
 
-class SourceError(MediaError):
-    """The item's bytes cannot be had (refused source, bad base64, fetch failed); the message says why."""
+__all__ = ["MediaSources", "SourceError", "looks_like_base64"]
 
 
 def _b64decode(text: str) -> bytes:
+    if len(text) > B64_SLICE and "-" not in text and "_" not in text:
+        return _b64decode_sliced(text)
     compact = "".join(text.split())
     compact += "=" * (-len(compact) % 4)
     try:
@@ -35,6 +40,31 @@ def _b64decode(text: str) -> bytes:
         return base64.b64decode(compact, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise SourceError(f"invalid base64 ({exc})") from None
+
+
+def _b64decode_sliced(text: str) -> bytes:
+    """As :func:`_b64decode` (standard alphabet, validated), one slice at a time.
+
+    A media thread decoding a multi-megabyte item then gives the GIL back between slices, so the
+    event loop of the same process keeps answering.
+    """
+    decoded: list[bytes] = []
+    carry = ""
+    try:
+        for start in range(0, len(text), B64_SLICE):
+            piece = carry + "".join(text[start : start + B64_SLICE].split())
+            if start + B64_SLICE >= len(text):
+                carry = ""
+                piece += "=" * (-len(piece) % 4)
+            else:
+                cut = len(piece) - len(piece) % 4
+                piece, carry = piece[:cut], piece[cut:]
+                if "=" in piece:
+                    raise binascii.Error("padding before the end")  # as validating the whole string says
+            decoded.append(base64.b64decode(piece, validate=True))
+    except (binascii.Error, ValueError) as exc:
+        raise SourceError(f"invalid base64 ({exc})") from None
+    return b"".join(decoded)
 
 
 def _data_uri(uri: str) -> bytes:
@@ -60,6 +90,16 @@ class MediaSources:
         self._max_bytes = max_bytes
         root = media.allowed_local_media_path
         self._root = Path(os.path.realpath(root)) if root else None
+        self._policy = UrlPolicy(media)
+
+    def fetch_item(self, spec: ItemSpec) -> bytes:
+        """The item's bytes, checked against its ``content_hash`` when it names one."""
+        data = self.fetch(spec.source)
+        if spec.content_hash is not None:
+            got = "sha256:" + hashlib.sha256(data).hexdigest()
+            if got != spec.content_hash:
+                raise SourceError(f"content hash mismatch: expected {spec.content_hash}, got {got}")
+        return data
 
     def fetch(self, source: str) -> bytes:
         """The item's bytes; raises :class:`SourceError` naming the reason."""
@@ -77,28 +117,7 @@ class MediaSources:
     def _url(self, url: str) -> bytes:
         if not self._settings.allow_url_fetch:
             raise SourceError("URL items are refused: fetching is off (ENCODER_ALLOW_URL_FETCH=false)")
-        try:
-            host = (urlsplit(url).hostname or "").lower()
-        except ValueError as exc:  # e.g. an unclosed IPv6 bracket
-            raise SourceError(f"malformed URL ({exc})") from None
-        if host not in self._settings.allowed_url_hosts:
-            raise SourceError(f"host {host!r} is not in ENCODER_ALLOWED_URL_HOSTS")
-        timeout = httpx.Timeout(self._settings.url_fetch_timeout)
-        # Redirects are not followed: a redirect could lead off the allowed hosts.
-        try:
-            with httpx.Client(timeout=timeout, follow_redirects=False) as client:
-                with client.stream("GET", url) as resp:
-                    if resp.status_code != 200:
-                        raise SourceError(f"fetching {url} gave HTTP {resp.status_code}")
-                    chunks, size = [], 0
-                    for chunk in resp.iter_bytes():
-                        size += len(chunk)
-                        if size > self._max_bytes:
-                            raise SourceError(f"{url} is larger than {self._max_bytes} bytes")
-                        chunks.append(chunk)
-                    return b"".join(chunks)
-        except (httpx.HTTPError, httpx.InvalidURL) as exc:  # unreachable, timed out, reset: the URL's fault
-            raise SourceError(f"fetching {url} failed ({type(exc).__name__}: {exc})") from None
+        return fetch_url(url, self._policy, timeout=self._settings.url_fetch_timeout, max_bytes=self._max_bytes)
 
     def _file(self, path: str) -> bytes:
         if self._root is None:

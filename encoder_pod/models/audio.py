@@ -94,7 +94,7 @@ class AudioAdapter(BaseAdapter):
     """A Whisper-style tower with a ``WhisperFeatureExtractor``; subclasses count rows and run it."""
 
     modalities: ClassVar[frozenset[Modality]] = frozenset({Modality.AUDIO})
-    model_cls: ClassVar[type]
+    model_cls: ClassVar[type[Any]]
     config_cls: ClassVar[type]
     presets: ClassVar[dict[str, dict[str, Any]]]
     """Tower sizes of the tiny checkpoints (:func:`write_tiny`)."""

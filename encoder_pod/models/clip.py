@@ -81,7 +81,7 @@ class _FixedGridAdapter(VisionAdapter):
 
     model_classes: ClassVar[dict[str, type]]
     """Architecture name -> class; the first is used when config.json names none."""
-    processor_cls: ClassVar[type]
+    processor_cls: ClassVar[type[Any]]
 
     rows_per_image: int
 

@@ -101,7 +101,7 @@ class VisionAdapter(BaseAdapter):
             raise ValueError(f"{self.name} has no {modality.value} health item")
         return health_image()
 
-    def _load_checked(self, model_cls: type) -> Any:
+    def _load_checked(self, model_cls: type[Any]) -> Any:
         """``from_pretrained`` that refuses missing, unexpected or mismatched weights."""
         model, info = model_cls.from_pretrained(self.model_dir, dtype=self.dtype, output_loading_info=True)
         check_loading_info(model_cls.__name__, info)

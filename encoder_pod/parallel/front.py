@@ -1,61 +1,58 @@
 """The data-parallel front: the Engine the HTTP edge drives when ``--dp-size`` is above 1.
 
-It validates (the body parser, duplicate req_id 409, admission 429), routes to the least
-pending ready worker and answers; it never imports torch and never runs model work, so its event
-loop stays free for /health while the workers are busy. Sends never block (a bound PUSH with no
-peer refuses at once) and every wait has a deadline.
+It validates (the body parser), admits (:class:`~encoder_pod.batching.admission.Admission`: 409,
+429, the same bound as a single process), routes to the least pending ready worker and answers;
+it never imports torch and never runs model work. Packing a request (its items go as raw frames)
+runs on an offload thread, and an inline answer comes back as a typed
+:class:`~encoder_pod.transfer.inline.InlineAnswer` whose data frame is never copied here, so the
+event loop stays free for /health while the workers are busy. Sends never block (a bound PUSH
+with no peer refuses at once) and every wait has a deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import os
 import time
 from enum import Enum
-from typing import Any
+from typing import Any, Callable
 
 import zmq
 import zmq.asyncio
+from prometheus_client import CollectorRegistry
 
-from encoder_pod.errors import (
-    DuplicateRequest,
-    EncoderError,
-    InvalidRequest,
-    NotReady,
-    Overloaded,
-    RequestTimeout,
-    ShuttingDown,
-    WorkerDied,
-)
+from encoder_pod.batching.admission import Admission
+from encoder_pod.errors import EncoderError, InvalidRequest, NotReady, RequestTimeout, ShuttingDown, WorkerDied
+from encoder_pod.metrics import render
+from encoder_pod.offload import Offload
 from encoder_pod.parallel.affinity import ReqAffinity
+from encoder_pod.parallel.calls import Calls
+from encoder_pod.parallel.handle import RankState, WorkerRecord
 from encoder_pod.parallel.ipc import IpcDir
+from encoder_pod.parallel.key_routing import KeyRouting, pod_cache_info, request_keys
 from encoder_pod.parallel.messages import (
-    Call,
-    Cancel,
     ControlOp,
     Drain,
-    Encode,
     Error,
+    Frame,
     Message,
     ProtocolError,
     Result,
     Status,
+    encode_frames,
     pack,
-    request_to_wire,
     unpack,
 )
 from encoder_pod.parallel.placement import plan, usable_cpus
-from encoder_pod.parallel.ranked_metrics import DataParallelMetrics, edge_metrics, merge
+from encoder_pod.parallel.ranked_metrics import DataParallelMetrics, merge
 from encoder_pod.parallel.router import NoWorker, Router
-from encoder_pod.parallel.handle import RankState, WorkerHandle
 from encoder_pod.parallel.supervisor import Supervisor
 from encoder_pod.parallel.tensor.plans import check_divisible
 from encoder_pod.protocol import EncodeRequest, parse_encode_request
-from encoder_pod.readiness import HEALTH_SKIP_S
 from encoder_pod.settings import EncoderSettings, TransferBackend, model_dir
+from encoder_pod.transfer.inline import InlineAnswer
 from encoder_pod.transfer.receive_urls import parse_registration
 
 log = logging.getLogger(__name__)
@@ -86,8 +83,8 @@ class DataParallelFront:
             # instead of crash-looping its groups.
             check_divisible(json.loads((model_dir(settings.model) / "config.json").read_text()), parallel.tp_size)
         self.settings = settings
-        self.metrics = edge_metrics()
-        self._dp_metrics = DataParallelMetrics(self.metrics)
+        self._registry = CollectorRegistry()
+        self._dp_metrics = DataParallelMetrics(self._registry)
         self._placements = plan(settings.parallel, settings.model, os.environ, usable_cpus())
         if settings.parallel.dp_worker_max_inflight < settings.batching.max_batch_size:
             log.warning(
@@ -96,19 +93,26 @@ class DataParallelFront:
                 settings.parallel.dp_worker_max_inflight, settings.batching.max_batch_size,
             )
         self._router = Router(settings.parallel.dp_size, settings.parallel.dp_worker_max_inflight)
-        self._sticky = settings.transfer.encoder_transfer_backend is TransferBackend.ZMQ_TO_SCHEDULER
+        # Backends where prefill ranks call back about a req_id (receive URLs, mooncake pulls): same worker.
+        self._sticky = settings.transfer.transfer_backend not in (TransferBackend.INLINE, TransferBackend.ZMQ_TO_TOKENIZER)
         admission = settings.admission
         self._affinity = ReqAffinity(4 * admission.max_queue, admission.req_timeout + settings.transfer.send_timeout)
-        self._inflight: set[str] = set()
-        self._admitted = 0
+        self._admission = Admission(admission.max_queue)
+        self._calls = Calls(admission.req_timeout)
+        self._keys = KeyRouting(self._registry) if settings.cache.cache_size_mb else None
+        self._offload = Offload(name="front-offload")
         self._stopping = False
-        self._call_ids = itertools.count(1)
         self._ipc: IpcDir | None = None
         self._zctx: zmq.asyncio.Context | None = None
         self._results: zmq.asyncio.Socket | None = None
         self._supervisor: Supervisor | None = None
         self._recv_task: asyncio.Task[None] | None = None
         self.started_at = time.time()
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """The front's registry (the HTTP edge's and the ``encoder_dp_*`` families)."""
+        return self._registry
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -133,6 +137,7 @@ class DataParallelFront:
         if self._stopping:
             return
         self._stopping = True
+        self._admission.close()
         waiting = self._router.fail_waiters(NoWorker)
         if self._supervisor is not None:
             self._supervisor.broadcast(pack(Drain()))
@@ -142,8 +147,7 @@ class DataParallelFront:
         """Let in-flight requests finish within ``grace``, stop the workers, remove the IPC files."""
         self.begin_shutdown()
         deadline = time.monotonic() + grace
-        while self._admitted and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await self._admission.wait_idle(grace)
         if self._supervisor is not None:
             await self._supervisor.stop(max(1.0, deadline - time.monotonic()))
         if self._recv_task is not None:
@@ -155,6 +159,7 @@ class DataParallelFront:
             self._zctx.term()
         if self._ipc is not None:
             self._ipc.remove()
+        self._offload.close()
         log.info("data-parallel front stopped")
 
     # --- results from the workers ---------------------------------------------------------
@@ -170,25 +175,14 @@ class DataParallelFront:
             except Exception:  # noqa: BLE001 - one bad message must not stop every answer
                 log.exception("failed to handle a worker message")
 
-    def _on_message(self, msg: Message, extra: list[Any]) -> None:
+    def _on_message(self, msg: Message, extra: list[Frame]) -> None:
         assert self._supervisor is not None
         if isinstance(msg, Status):
             self._supervisor.on_status(msg)
-            return
-        if not isinstance(msg, (Result, Error)):
-            raise ProtocolError(f"unexpected {type(msg).__name__} from a worker")
-        if not 0 <= msg.rank < len(self._supervisor.handles):
-            raise ProtocolError(f"answer from unknown rank {msg.rank}")
-        handle = self._supervisor.handles[msg.rank]
-        if msg.generation != handle.generation:
-            return  # answered by an incarnation already declared dead: its caller got 503
-        future = handle.calls.pop(msg.call_id, None)
-        if future is None or future.done():
-            return  # the caller gave up (timeout, disconnect)
-        if isinstance(msg, Error):
-            future.set_exception(msg.to_exception())
+        elif isinstance(msg, (Result, Error)):
+            self._calls.settle(self._supervisor.handles, msg, extra)
         else:
-            future.set_result((msg, extra))
+            raise ProtocolError(f"unexpected {type(msg).__name__} from a worker")
 
     def _on_rank_down(self, rank: int) -> None:
         if not self._router.any_ready:
@@ -196,48 +190,12 @@ class DataParallelFront:
             if n:
                 log.error("no worker is ready: %d waiting requests answered 503", n)
 
-    # --- calls ------------------------------------------------------------------------------
-    async def _call(self, handle: WorkerHandle, call_id: int, frames: list[bytes], deadline: float) -> tuple[Result, list[Any]]:
-        """Send a packed call to ``handle`` and wait for its answer until ``deadline`` (loop time)."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[tuple[Result, list[Any]]] = loop.create_future()
-        handle.calls[call_id] = future
-        try:
-            handle.send(frames)
-            return await asyncio.wait_for(future, max(0.0, deadline - loop.time()))
-        except TimeoutError:
-            self._cancel(handle, call_id)
-            raise RequestTimeout(
-                f"worker {handle.rank} did not answer within {self.settings.admission.req_timeout}s (ENCODER_REQ_TIMEOUT)"
-            ) from None
-        except asyncio.CancelledError:
-            self._cancel(handle, call_id)  # the client is gone: the worker drops the work
-            raise
-        finally:
-            handle.calls.pop(call_id, None)
-
-    @staticmethod
-    def _cancel(handle: WorkerHandle, call_id: int) -> None:
-        try:
-            handle.send(pack(Cancel(call_id)))
-        except EncoderError:
-            pass  # the worker is gone; so is the work
-
-    async def _control(self, handle: WorkerHandle, op: ControlOp, args: dict[str, Any], timeout: float) -> Any:
-        msg = Call(next(self._call_ids), op, args)
-        try:
-            frames = pack(msg)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise InvalidRequest(f"body holds a value that cannot be forwarded to a worker ({exc})") from None
-        result, _ = await self._call(handle, msg.call_id, frames, asyncio.get_running_loop().time() + timeout)
-        return result.body
-
-    def _handles(self) -> list[WorkerHandle]:
+    # --- /encode ----------------------------------------------------------------------------
+    def _handles(self) -> list[WorkerRecord]:
         if self._supervisor is None:
             raise NotReady("workers are not started yet")
         return self._supervisor.handles
 
-    # --- /encode ----------------------------------------------------------------------------
     def _no_worker(self) -> EncoderError:
         """The 503 for "no rank takes traffic", saying why."""
         if self._stopping:
@@ -251,8 +209,8 @@ class DataParallelFront:
         states = ", ".join(f"rank {h.rank} {h.state.value}" for h in handles)
         return WorkerDied(f"all workers are dead or restarting ({states})")
 
-    async def encode(self, body: Any) -> Any:
-        """Validate, route to a worker, return its answer (the inline body or null)."""
+    async def encode(self, body: object) -> InlineAnswer | None:
+        """Validate, route to a worker, return its answer (the inline answer, or None once pushed)."""
         request = parse_encode_request(body)
         try:
             return await self._encode(request)
@@ -260,42 +218,56 @@ class DataParallelFront:
             err.req_id = err.req_id or request.req_id
             raise
 
-    async def _encode(self, request: EncodeRequest) -> Any:
+    async def _encode(self, request: EncodeRequest) -> InlineAnswer | None:
         if self._stopping or not self._router.any_ready:
             raise self._no_worker()
-        if request.req_id in self._inflight:
-            raise DuplicateRequest(f"req_id {request.req_id!r} is already in flight")
-        if self._admitted >= self.settings.admission.max_queue:
-            raise Overloaded(f"queue is full ({self.settings.admission.max_queue} requests waiting); retry later")
-        msg = Encode(next(self._call_ids), request_to_wire(request))
+        async with self._admission.admit(request.req_id):
+            call_id = self._calls.next_id()
+            try:
+                frames, keys = await self._offload.run(self._pack, call_id, request)
+            except (TypeError, ValueError, OverflowError) as exc:  # a value msgpack cannot carry: the caller's
+                raise InvalidRequest(f"request holds a value that cannot be forwarded to a worker ({exc})") from None
+            result, extra = await self._route(request, call_id, frames, keys)
+        if result.inline is None:
+            return None
         try:
-            frames = pack(msg)  # before admission: a value msgpack cannot carry is the caller's fault
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise InvalidRequest(f"request holds a value that cannot be forwarded to a worker ({exc})") from None
+            return InlineAnswer.from_wire(result.inline, extra[0])
+        except (ValueError, IndexError) as exc:
+            raise ProtocolError(f"worker sent a malformed inline answer: {exc}") from None
+
+    def _pack(self, call_id: int, request: EncodeRequest) -> tuple[list[Frame], list[bytes]]:
+        """The request's frames and, with the cache on, its items' affinity keys (offload thread)."""
+        return encode_frames(call_id, request), request_keys(request) if self._keys is not None else []
+
+    async def _route(
+        self, request: EncodeRequest, call_id: int, frames: list[Frame], keys: list[bytes]
+    ) -> tuple[Result, list[Frame]]:
+        """Take a slot on a worker (sticky for zmq_to_scheduler, else where its items are cached, else
+        by load), call it, free the slot."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.admission.req_timeout
-        self._inflight.add(request.req_id)
-        self._admitted += 1
+        bound = self._affinity.get(request.req_id) if self._sticky else None
+        cached = self._keys.prefer(keys) if self._keys is not None and bound is None else None
+        by_key = cached is not None and self._router.take_free(cached)
+        if bound is not None and self._router.take(bound):
+            rank = bound
+        elif by_key and cached is not None:
+            rank = cached
+        else:
+            rank = await self._acquire(deadline)
+        if self._sticky:
+            self._affinity.bind(request.req_id, rank)
+        if self._keys is not None:
+            self._keys.record(keys, rank, by_key)
         try:
-            bound = self._affinity.get(request.req_id) if self._sticky else None
-            rank = bound if bound is not None and self._router.take(bound) else await self._acquire(deadline)
-            if self._sticky:
-                self._affinity.bind(request.req_id, rank)
-            try:
-                self._dp_metrics.routed.labels(rank=str(rank)).inc()
-                handle = self._handles()[rank]
-                result, extra = await self._call(handle, msg.call_id, frames, deadline + BACKSTOP_S)
-                handle.last_success = time.monotonic()
-            finally:
-                self._router.release(rank)
+            self._dp_metrics.routed.labels(rank=str(rank)).inc()
+            handle = self._handles()[rank]
+            answer = await self._calls.call(handle, call_id, frames, deadline + BACKSTOP_S)
+            if handle.current is not None:
+                handle.current.success.record()
+            return answer
         finally:
-            self._inflight.discard(request.req_id)
-            self._admitted -= 1
-        body = result.body
-        if result.framed:
-            # Frame 1 is the base64 the worker made; the body gets it back as is.
-            body["embedding"]["data"] = str(extra[0], "ascii")
-        return body
+            self._router.release(rank)
 
     async def _acquire(self, deadline: float) -> int:
         try:
@@ -319,24 +291,30 @@ class DataParallelFront:
             if not self._router.any_ready:
                 raise self._no_worker()
             raise NotReady("; ".join(f"worker {h.rank} is {h.state.value}" for h in down))
-        now = time.monotonic()
-        if all(now - h.last_success < HEALTH_SKIP_S and now - h.last_seen < FRESH_HEARTBEAT_S for h in handles):
+        if all(self._proven(h) for h in handles):
             return  # live traffic just proved every rank; a probe would only queue behind it
         timeout = self.settings.observability.health_timeout + 1
         answers = await asyncio.gather(
-            *(self._control(h, ControlOp.HEALTH, {}, timeout) for h in handles), return_exceptions=True
+            *(self._calls.control(h, ControlOp.HEALTH, {}, timeout) for h in handles), return_exceptions=True
         )
         failures = [(h.rank, a) for h, a in zip(handles, answers) if isinstance(a, BaseException)]
         if failures:
             raise NotReady("; ".join(f"worker {rank}: {getattr(err, 'message', err)}" for rank, err in failures))
 
-    async def _fan_out(self, op: ControlOp, args_of: Any) -> dict[str, Any]:
+    @staticmethod
+    def _proven(handle: WorkerRecord) -> bool:
+        """Recent success of this incarnation, and its event loop still heard from."""
+        inc = handle.current
+        now = time.monotonic()
+        return inc is not None and inc.success.proves_ready(now) and now - inc.last_seen < FRESH_HEARTBEAT_S
+
+    async def _fan_out(self, op: ControlOp, args_of: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
         ready = [h for h in self._handles() if h.state is RankState.READY]
         if not ready:
             raise self._no_worker()
         timeout = self.settings.observability.health_timeout + 30
         answers = await asyncio.gather(
-            *(self._control(h, op, args_of(h.rank), timeout) for h in ready), return_exceptions=True
+            *(self._calls.control(h, op, args_of(h.rank), timeout) for h in ready), return_exceptions=True
         )
         for handle, answer in zip(ready, answers):
             if isinstance(answer, EncoderError):
@@ -362,21 +340,30 @@ class DataParallelFront:
 
     async def register_receive_url(self, payload: dict[str, Any]) -> None:
         """Hand a receive URL to the worker that runs (or will run, or ran) its request."""
-        if not self._sticky:
-            # Not a zmq_to_scheduler pod: any worker refuses it with the single-process message.
-            rank = self._router.pick(full_ok=True)
-            if rank is None:
-                raise self._no_worker()
-            await self._control(self._handles()[rank], ControlOp.RECEIVE_URL, payload, self.settings.transfer.send_timeout)
-            return
-        registration = parse_registration(payload)  # a malformed body never reaches a worker
-        rank = self._affinity.get(registration.req_id)
+        req_id = parse_registration(payload).req_id if self._sticky else None  # a malformed body never reaches a worker
+        await self._to_owner(req_id, ControlOp.RECEIVE_URL, payload)
+
+    async def mooncake_meta(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """mooncake: the sizes pull goes to the worker that holds (or will hold) the part."""
+        req_id = payload.get("req_id")
+        return await self._to_owner(req_id if isinstance(req_id, str) and self._sticky else None, ControlOp.MOONCAKE_META, payload)
+
+    async def mooncake_send(self, payload: dict[str, Any]) -> None:
+        """mooncake: the write request goes to the worker that holds the staged part."""
+        req_id = payload.get("req_id")
+        await self._to_owner(req_id if isinstance(req_id, str) and self._sticky else None, ControlOp.MOONCAKE_SEND, payload)
+
+    async def _to_owner(self, req_id: str | None, op: ControlOp, payload: dict[str, Any]) -> Any:
+        """A prefill rank's call about ``req_id`` goes to the worker bound to it (binding one if none is)."""
+        rank = self._affinity.get(req_id) if req_id is not None else None
         if rank is None or not self._router.is_ready(rank):
+            # Unbound (or a backend that never calls back: any worker answers with the single-process message).
             rank = self._router.pick(full_ok=True)
             if rank is None:
                 raise self._no_worker()
-        self._affinity.bind(registration.req_id, rank)
-        await self._control(self._handles()[rank], ControlOp.RECEIVE_URL, payload, self.settings.transfer.send_timeout)
+        if req_id is not None:
+            self._affinity.bind(req_id, rank)
+        return await self._calls.control(self._handles()[rank], op, payload, self.settings.transfer.send_timeout + 5)
 
     # --- metrics and info -------------------------------------------------------------------
     def metrics_text(self) -> bytes:
@@ -385,9 +372,10 @@ class DataParallelFront:
             self._dp_metrics.pending.labels(rank=str(rank)).set(pending)
         self._dp_metrics.waiting.set(self._router.waiting)
         handles = self._supervisor.handles if self._supervisor else []
-        return merge(self.metrics.render(), [(h.rank, h.metrics) for h in handles if h.metrics])
+        workers = [(h.rank, h.current.metrics) for h in handles if h.current is not None and h.current.metrics]
+        return merge(render(self._registry), workers)
 
-    def _state(self, handles: list[WorkerHandle]) -> FrontState:
+    def _state(self, handles: list[WorkerRecord]) -> FrontState:
         if self._stopping:
             return FrontState.STOPPING
         states = {h.state for h in handles}
@@ -413,7 +401,8 @@ class DataParallelFront:
             "tp_size": self.settings.parallel.tp_size,
             "model": model,
             "queue_depth": self._router.waiting + sum(w["queue_depth"] for w in workers),
-            "inflight": len(self._inflight),
+            "inflight": self._admission.in_flight,
+            "cache": pod_cache_info((w["cache"] for w in workers), self._keys),
             "uptime_s": round(time.time() - self.started_at, 3),
             "ipc_dir": str(self._ipc.path) if self._ipc else None,
             "workers": workers,

@@ -1,8 +1,9 @@
 """The typed messages between the data-parallel front and its workers.
 
 A message is a ZMQ multipart: frame 0 is a msgpack map ``{"v": WIRE_VERSION, "k": kind, ...fields}``
-of one of the structs below; any further frames are raw bytes (the inline embedding, base64 text,
-travels as frame 1 so msgpack never copies it into a map). Nothing here is pickled: both ends
+of one of the structs below; any further frames are raw bytes that msgpack never copies into a
+map: an :class:`Encode`'s item sources (frame i+1 is item i, UTF-8), a :class:`Result`'s inline
+embedding (frame 1, the :class:`~encoder_pod.transfer.inline.InlineAnswer`'s data). Nothing here is pickled: both ends
 only ever build the struct named by the kind, so a bad frame is a :class:`ProtocolError`, never
 code execution.
 """
@@ -20,8 +21,12 @@ import msgpack
 from encoder_pod.errors import EncoderError, ErrorKind, InternalError
 from encoder_pod.modality import Modality
 from encoder_pod.protocol import EncodeRequest, ItemSpec
+from encoder_pod.readiness import LoadStep, ReplicaState
 
-WIRE_VERSION = 1
+Frame = bytes | bytearray | memoryview
+"""One raw frame of a multipart message."""
+
+WIRE_VERSION = 2
 """Bumped on any change of a struct; both ends are one install, so a mismatch is a bug."""
 
 
@@ -70,20 +75,13 @@ class ControlOp(str, Enum):
     START_PROFILE = "start_profile"
     STOP_PROFILE = "stop_profile"
     RECEIVE_URL = "receive_url"
-
-
-class WorkerState(str, Enum):
-    """A worker's own view of itself, reported in :class:`Status`."""
-
-    LOADING = "loading"
-    READY = "ready"
-    FAILED = "failed"
-    STOPPING = "stopping"
+    MOONCAKE_META = "mooncake_meta"
+    MOONCAKE_SEND = "mooncake_send"
 
 
 @dataclass(frozen=True)
 class Encode:
-    """Front -> worker: run one validated /encode request (``request`` from :func:`request_to_wire`)."""
+    """Front -> worker: run one validated /encode request (fields and item frames: :func:`request_to_wire`)."""
 
     KIND: ClassVar[MsgKind] = MsgKind.ENCODE
     call_id: int
@@ -129,12 +127,13 @@ class Status:
     """Worker -> front: a heartbeat with the worker's state, load progress, info and metrics."""
 
     KIND: ClassVar[MsgKind] = MsgKind.STATUS
-    _ENUMS: ClassVar[dict[str, type[Enum]]] = {"state": WorkerState}
+    _ENUMS: ClassVar[dict[str, type[Enum]]] = {"state": ReplicaState, "step": LoadStep}
     rank: int
     generation: int
     pid: int
-    state: WorkerState
-    phase: str
+    state: ReplicaState
+    step: LoadStep | None
+    """What a LOADING replica is doing (None otherwise)."""
     elapsed_s: float
     error: str | None = None
     info: dict[str, Any] | None = None
@@ -143,14 +142,18 @@ class Status:
 
 @dataclass(frozen=True)
 class Result:
-    """Worker -> front: the answer to ``call_id``; ``framed`` when the embedding text is frame 1."""
+    """Worker -> front: the answer to ``call_id``.
+
+    A control call's answer is ``body``; an /encode's is ``inline`` (the inline answer's metadata,
+    its data in frame 1) or neither (pushed to prefill: the HTTP answer is ``null``).
+    """
 
     KIND: ClassVar[MsgKind] = MsgKind.RESULT
     rank: int
     generation: int
     call_id: int
-    body: Any
-    framed: bool = False
+    body: Any = None
+    inline: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -183,7 +186,7 @@ _STRUCTS: dict[MsgKind, type[Any]] = {
 }
 
 
-def pack(msg: Message, *frames: bytes) -> list[bytes]:
+def pack(msg: Message, *frames: Frame) -> list[Frame]:
     """The multipart frames of ``msg`` followed by raw ``frames``."""
     fields: dict[str, Any] = {"v": WIRE_VERSION, "k": int(msg.KIND)}
     for f in dataclasses.fields(msg):
@@ -192,7 +195,7 @@ def pack(msg: Message, *frames: bytes) -> list[bytes]:
     return [msgpack.packb(fields, use_bin_type=True), *frames]
 
 
-def unpack(frames: Sequence[bytes]) -> tuple[Message, list[bytes]]:
+def unpack(frames: Sequence[Frame]) -> tuple[Message, list[Frame]]:
     """The struct in frame 0 and the raw frames after it; :class:`ProtocolError` if malformed."""
     if not frames:
         raise ProtocolError("empty message")
@@ -205,8 +208,8 @@ def unpack(frames: Sequence[bytes]) -> tuple[Message, list[bytes]]:
     if fields.get("v") != WIRE_VERSION:
         raise ProtocolError(f"message version {fields.get('v')!r}, this end speaks {WIRE_VERSION}")
     try:
-        cls = _STRUCTS[MsgKind(fields.get("k"))]
-    except (ValueError, KeyError):
+        cls = _STRUCTS[MsgKind(fields["k"])]
+    except (ValueError, KeyError, TypeError):
         raise ProtocolError(f"unknown message kind {fields.get('k')!r}") from None
     enums = getattr(cls, "_ENUMS", {})
     values: dict[str, Any] = {}
@@ -217,19 +220,24 @@ def unpack(frames: Sequence[bytes]) -> tuple[Message, list[bytes]]:
                     raise ProtocolError(f"{cls.__name__} without field {f.name!r}")
                 continue
             raw = fields[f.name]
-            values[f.name] = enums[f.name](raw) if f.name in enums else raw
+            values[f.name] = enums[f.name](raw) if f.name in enums and raw is not None else raw
     except ValueError as exc:
         raise ProtocolError(f"{cls.__name__}: {exc}") from None
     return cls(**values), list(frames[1:])
 
 
-def request_to_wire(request: EncodeRequest) -> dict[str, Any]:
-    """A validated request as plain msgpack values (the worker does not parse the body again)."""
+def request_to_wire(request: EncodeRequest) -> tuple[dict[str, Any], list[bytes]]:
+    """A validated request as plain msgpack fields, and each item's source as a raw frame.
+
+    The worker does not parse the body again; a multi-megabyte data: URI is one frame, never
+    packed into (or copied out of) a msgpack map.
+    """
     port = request.embedding_port
-    return {
+    fields = {
         "req_id": request.req_id,
         "modality": request.modality.value,
-        "items": [[spec.source, spec.options] for spec in request.items],
+        "item_options": [spec.options for spec in request.items],
+        "item_hashes": [spec.content_hash for spec in request.items],
         "num_parts": request.num_parts,
         "part_idx": request.part_idx,
         "prefill_host": request.prefill_host,
@@ -237,16 +245,35 @@ def request_to_wire(request: EncodeRequest) -> dict[str, Any]:
         "encoder_idx": request.encoder_idx,
         "hashes": list(request.hashes) if request.hashes is not None else None,
     }
+    # surrogatepass: JSON may carry lone surrogates ("\ud800"); they survive the round trip.
+    return fields, [spec.source.encode("utf-8", "surrogatepass") for spec in request.items]
 
 
-def request_from_wire(fields: dict[str, Any]) -> EncodeRequest:
+def encode_frames(call_id: int, request: EncodeRequest) -> list[Frame]:
+    """The frames of an :class:`Encode` (CPU work for a large request: call it on a thread).
+
+    Raises TypeError, ValueError or OverflowError for a value msgpack cannot carry.
+    """
+    fields, sources = request_to_wire(request)
+    return pack(Encode(call_id, fields), *sources)
+
+
+def request_from_wire(fields: dict[str, Any], frames: Sequence[Frame]) -> EncodeRequest:
     """Inverse of :func:`request_to_wire`."""
     try:
         port = fields["embedding_port"]
+        options = fields["item_options"]
+        if len(options) != len(frames):
+            raise ValueError(f"{len(options)} items but {len(frames)} item frames")
+        hashes = fields.get("item_hashes") or [None] * len(options)
+        items = tuple(
+            ItemSpec(bytes(frame).decode("utf-8", "surrogatepass"), dict(opts), digest)
+            for frame, opts, digest in zip(frames, options, hashes)
+        )
         return EncodeRequest(
             req_id=fields["req_id"],
             modality=Modality(fields["modality"]),
-            items=tuple(ItemSpec(source, options) for source, options in fields["items"]),
+            items=items,
             num_parts=fields["num_parts"],
             part_idx=fields["part_idx"],
             prefill_host=fields["prefill_host"],

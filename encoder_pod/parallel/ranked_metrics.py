@@ -1,43 +1,23 @@
 """Metrics in data-parallel mode: the front's own, plus every worker's labelled ``rank="N"``.
 
-Ownership is split so no family is counted twice: the HTTP edge's families (requests by status,
-request latency) and the ``encoder_dp_*`` families live in the front; every per-replica family
-(batches, queue, forward time, ...) lives in the workers and is merged in with a rank label.
+Ownership is split so no family is counted twice: the HTTP edge's families
+(:class:`~encoder_pod.metrics.EdgeMetrics`) and the ``encoder_dp_*`` families live on the front's
+registry; every per-replica family (:class:`~encoder_pod.metrics.ReplicaMetrics`: batches, queue,
+forward time, ...) lives in the workers and is merged in with a rank label.
 """
 
 from __future__ import annotations
 
 from typing import Iterable
 
-from prometheus_client import Counter, Gauge
-from prometheus_client.metrics import MetricWrapperBase
-
-from encoder_pod.metrics import EncoderMetrics
-
-
-def edge_metrics() -> EncoderMetrics:
-    """The front's :class:`EncoderMetrics`, holding only the families the HTTP edge records."""
-    metrics = EncoderMetrics()
-    keep = (metrics.requests, metrics.request_latency)
-    for value in list(vars(metrics).values()):
-        if isinstance(value, MetricWrapperBase) and value not in keep:
-            metrics.registry.unregister(value)
-    return metrics
-
-
-def replica_metrics() -> EncoderMetrics:
-    """A worker's :class:`EncoderMetrics`, without the edge's families (the front records those)."""
-    metrics = EncoderMetrics()
-    metrics.registry.unregister(metrics.requests)
-    metrics.registry.unregister(metrics.request_latency)
-    return metrics
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 
 class DataParallelMetrics:
     """The ``encoder_dp_*`` families, on the front's registry."""
 
-    def __init__(self, edge: EncoderMetrics) -> None:
-        r = edge.registry
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
         self.deaths = Counter(
             "encoder_dp_worker_deaths", "Worker process exits not asked for, by rank and reason.", ["rank", "reason"], registry=r
         )

@@ -72,6 +72,13 @@ class Router:
         self._take(rank)
         return True
 
+    def take_free(self, rank: int) -> bool:
+        """Hold a slot on this very rank if it is ready and below its limit, with nobody waiting (cache affinity)."""
+        if not self._ready[rank] or self.pending[rank] >= self._max or self.waiting:
+            return False
+        self._take(rank)
+        return True
+
     def _take(self, rank: int) -> int:
         self.pending[rank] += 1
         self.routed[rank] += 1

@@ -13,19 +13,20 @@ import logging
 import multiprocessing
 import signal
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import zmq
 
 from encoder_pod.errors import NotReady, WorkerDied
 from encoder_pod.exitcodes import ExitCode
-from encoder_pod.parallel.handle import SNDHWM, RankState, WorkerHandle
+from encoder_pod.parallel.handle import SNDHWM, Incarnation, RankState, WorkerRecord
 from encoder_pod.parallel.ipc import IpcDir
-from encoder_pod.parallel.messages import Status, Stop, WorkerSpec, WorkerState, pack
+from encoder_pod.parallel.messages import Frame, Status, Stop, WorkerSpec, pack
 from encoder_pod.parallel.placement import Placement
 from encoder_pod.parallel.ranked_metrics import DataParallelMetrics
 from encoder_pod.parallel.router import Router
 from encoder_pod.parallel.worker import run_worker
+from encoder_pod.readiness import ReplicaState
 from encoder_pod.settings import EncoderSettings
 
 log = logging.getLogger(__name__)
@@ -72,13 +73,13 @@ class Supervisor:
         settings: EncoderSettings,
         placements: list[Placement],
         ipc: IpcDir,
-        zctx: zmq.Context,
+        zctx: zmq.Context[Any],
         router: Router,
         metrics: DataParallelMetrics,
         on_rank_down: Callable[[int], None],
     ) -> None:
         self.settings = settings
-        self.handles = [WorkerHandle(p.rank, p) for p in placements]
+        self.handles = [WorkerRecord(p.rank, p) for p in placements]
         self._ipc = ipc
         self._zctx = zctx
         self._router = router
@@ -109,43 +110,38 @@ class Supervisor:
             await asyncio.sleep(min(1.0, timeout / 4))
             now = time.monotonic()
             for handle in self.handles:
-                alive = handle.process is not None and handle.process.exitcode is None
-                silent = now - handle.last_seen
-                allowed = timeout if handle.heard_from else max(timeout, FIRST_HEARTBEAT_S)
-                if alive and handle.state in (RankState.STARTING, RankState.READY) and silent > allowed and not handle.kill_reason:
-                    handle.kill_reason = "hung"
+                inc = handle.current
+                if inc is None or not inc.alive or inc.kill_reason or handle.state not in (RankState.STARTING, RankState.READY):
+                    continue
+                silent = now - inc.last_seen
+                if silent > (timeout if inc.heard_from else max(timeout, FIRST_HEARTBEAT_S)):
+                    inc.kill_reason = "hung"
                     log.error(
                         "rank %d: no heartbeat from pid %d for %.1fs (ENCODER_DP_HEARTBEAT_TIMEOUT); killing it",
-                        handle.rank, handle.pid, silent,
+                        handle.rank, inc.pid, silent,
                     )
-                    handle.process.kill()  # type: ignore[union-attr]
+                    inc.process.kill()
 
-    def _spawn(self, handle: WorkerHandle) -> None:
+    def _spawn(self, handle: WorkerRecord) -> None:
+        """Start a new incarnation of ``handle``'s rank (a fresh record of that process)."""
         assert self._loop is not None
-        handle.generation += 1
-        address = self._ipc.worker_inbox(handle.rank, handle.generation)
+        generation = handle.generation + 1
+        address = self._ipc.worker_inbox(handle.rank, generation)
         sock = self._zctx.socket(zmq.PUSH, socket_class=zmq.Socket)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, SNDHWM)
         sock.bind(address)
         placed = {"num_threads": handle.placement.num_threads, "device": handle.placement.device}
         settings = self.settings.model_copy(update={"model": self.settings.model.model_copy(update=placed)})
-        spec = WorkerSpec(handle.rank, handle.generation, address, self._ipc.results, settings.model_dump_json(), handle.placement.env)
-        process = self._mp.Process(
-            target=run_worker, args=(spec.to_json(),), name=f"encoder-dp-{handle.rank}", daemon=True
-        )
+        spec = WorkerSpec(handle.rank, generation, address, self._ipc.results, settings.model_dump_json(), handle.placement.env)
+        process = self._mp.Process(target=run_worker, args=(spec.to_json(),), name=f"encoder-dp-{handle.rank}", daemon=True)
         process.start()
         now = time.monotonic()
-        handle.process, handle.sock, handle.pid = process, sock, process.pid
-        handle.state, handle.phase, handle.spawned_at, handle.ready_at = RankState.STARTING, "spawned", now, None
-        handle.info = handle.metrics = None
-        handle.restart_at = None
-        handle.next_progress_log = now + PROGRESS_LOG_S
-        handle.last_seen, handle.heard_from, handle.kill_reason, handle.last_success = now, False, None, 0.0
-        self._loop.add_reader(process.sentinel, self._on_exit, handle, handle.generation)
+        inc = Incarnation(generation, process, sock, now, now, now + PROGRESS_LOG_S)
+        handle.current, handle.state, handle.restart_at = inc, RankState.STARTING, None
+        self._loop.add_reader(process.sentinel, self._on_exit, handle, inc)
         log.info(
-            "rank %d: worker pid %d started (generation %d, %s)",
-            handle.rank, process.pid, handle.generation, handle.placement.describe(),
+            "rank %d: worker pid %d started (generation %d, %s)", handle.rank, process.pid, generation, handle.placement.describe()
         )
 
     # --- what the workers report ----------------------------------------------------------
@@ -155,86 +151,86 @@ class Supervisor:
             log.error("status from unknown rank %d", msg.rank)
             return
         handle = self.handles[msg.rank]
-        if msg.generation != handle.generation:
+        inc = handle.current
+        if inc is None or msg.generation != inc.generation:
             return  # a late heartbeat of a dead incarnation
-        handle.last_seen, handle.heard_from = time.monotonic(), True
-        handle.phase = msg.phase
-        handle.info = msg.info if msg.info is not None else handle.info
+        inc.last_seen, inc.heard_from = time.monotonic(), True
+        inc.replica, inc.step = msg.state, msg.step
+        inc.info = msg.info if msg.info is not None else inc.info
         if msg.error:
             handle.last_error = msg.error
         if handle.state not in (RankState.STARTING, RankState.READY):
             return
-        handle.metrics = msg.metrics if msg.metrics is not None else handle.metrics
+        inc.metrics = msg.metrics if msg.metrics is not None else inc.metrics
+        self._follow(handle, inc, msg)
+
+    def _follow(self, handle: WorkerRecord, inc: Incarnation, msg: Status) -> None:
+        """The rank's state follows what its replica reports."""
         now = time.monotonic()
-        if msg.state is WorkerState.READY and handle.state is RankState.STARTING:
-            handle.state, handle.ready_at = RankState.READY, now
+        if msg.state is ReplicaState.READY and handle.state is RankState.STARTING:
+            handle.state, inc.ready_at = RankState.READY, now
             handle.failed_starts, handle.last_error = 0, None
             self._metrics.up.labels(rank=str(handle.rank)).set(1)
             self._router.set_ready(handle.rank, True)
-            log.info("rank %d: ready in %.1fs (pid %d)", handle.rank, now - handle.spawned_at, handle.pid)
-        elif msg.state is WorkerState.LOADING and now >= handle.next_progress_log:
-            handle.next_progress_log = now + PROGRESS_LOG_S
-            log.info("rank %d: still loading (%s, %.0fs)", handle.rank, msg.phase, msg.elapsed_s)
-        elif msg.state is WorkerState.STOPPING and handle.state is RankState.READY and not self._stopping:
+            log.info("rank %d: ready in %.1fs (pid %d)", handle.rank, now - inc.spawned_at, inc.pid)
+        elif msg.state is ReplicaState.LOADING and now >= inc.next_progress_log:
+            inc.next_progress_log = now + PROGRESS_LOG_S
+            log.info("rank %d: still loading (%s, %.0fs)", handle.rank, inc.phase, msg.elapsed_s)
+        elif msg.state is ReplicaState.STOPPING and handle.state is RankState.READY and not self._stopping:
             # Someone sent the worker alone a SIGTERM: it drains, so it gets no new traffic.
             self._router.set_ready(handle.rank, False)
             self._metrics.up.labels(rank=str(handle.rank)).set(0)
 
     # --- death and restart ------------------------------------------------------------------
-    def _on_exit(self, handle: WorkerHandle, generation: int) -> None:
+    def _on_exit(self, handle: WorkerRecord, inc: Incarnation) -> None:
         """The process's sentinel fired: it is exiting. Take it out of service now."""
-        assert self._loop is not None and handle.process is not None
-        self._loop.remove_reader(handle.process.sentinel)
-        if generation != handle.generation:
+        assert self._loop is not None
+        self._loop.remove_reader(inc.process.sentinel)
+        if handle.current is not inc:
             return
-        was_ready = handle.ready_at is not None
+        generation = inc.generation
         handle.state = RankState.STOPPED if self._stopping else RankState.RESTARTING
         self._router.set_ready(handle.rank, False)
         self._metrics.up.labels(rank=str(handle.rank)).set(0)
-        if handle.sock is not None:
-            handle.sock.close(0)
-            handle.sock = None
+        inc.close()
         self._ipc.remove_inbox(handle.rank, generation)
-        handle.metrics = None
-        pid = handle.pid
-        held = handle.fail_calls(
-            lambda: WorkerDied(f"worker {handle.rank} (pid {pid}) died while holding this request")
-        )
+        pid = inc.pid
+        held = inc.fail_calls(lambda: WorkerDied(f"worker {handle.rank} (pid {pid}) died while holding this request"))
         if not self._stopping:
             self._on_rank_down(handle.rank)
-        task = self._loop.create_task(self._reap(handle, generation, was_ready, held))
+        task = self._loop.create_task(self._reap(handle, inc, held))
         self._restarts.add(task)
         task.add_done_callback(self._restarts.discard)
 
-    async def _reap(self, handle: WorkerHandle, generation: int, was_ready: bool, held: int) -> None:
+    async def _reap(self, handle: WorkerRecord, inc: Incarnation, held: int) -> None:
         """Collect the exit status, then log, count and schedule the restart."""
-        process = handle.process
-        assert process is not None
+        process = inc.process
         # The sentinel fires when the process's files close, which is before it is a zombie
         # (a GPU driver's teardown can sit in between): poll without blocking the loop.
         deadline = time.monotonic() + 10
         while process.exitcode is None and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         reason, text = describe_exit(process.exitcode)
-        if handle.kill_reason == "hung":
+        if inc.kill_reason == "hung":
             reason, text = "hung", f"killed after {self.settings.parallel.dp_heartbeat_timeout:g}s without a heartbeat"
         if self._stopping:
             handle.state = RankState.STOPPED
-            log.info("rank %d: worker pid %d stopped (%s)", handle.rank, handle.pid, text)
+            log.info("rank %d: worker pid %d stopped (%s)", handle.rank, inc.pid, text)
             return
         handle.deaths += 1
         handle.last_exit = text
         self._metrics.deaths.labels(rank=str(handle.rank), reason=reason).inc()
-        log.error("rank %d: worker pid %d died: %s; %d held requests answered 503", handle.rank, handle.pid, text, held)
-        if generation == handle.generation:
-            self._schedule_restart(handle, was_ready)
+        log.error("rank %d: worker pid %d died: %s; %d held requests answered 503", handle.rank, inc.pid, text, held)
+        if handle.current is inc:
+            self._schedule_restart(handle, inc.ready_at)
 
-    def _schedule_restart(self, handle: WorkerHandle, was_ready: bool) -> None:
+    def _schedule_restart(self, handle: WorkerRecord, ready_at: float | None) -> None:
+        """``ready_at``: when the incarnation that died got ready (None: it never did, a failed start)."""
         assert self._loop is not None
         now = time.monotonic()
-        if not was_ready:
+        if ready_at is None:
             handle.failed_starts += 1
-        stable = handle.ready_at is not None and now - handle.ready_at >= STABLE_S
+        stable = ready_at is not None and now - ready_at >= STABLE_S
         handle.quick_deaths = 1 if stable else handle.quick_deaths + 1
         if handle.failed_starts >= self.settings.parallel.dp_max_failed_starts:
             handle.state = RankState.FAILED
@@ -250,7 +246,7 @@ class Supervisor:
         self._restarts.add(task)
         task.add_done_callback(self._restarts.discard)
 
-    async def _restart_later(self, handle: WorkerHandle, delay: float, generation: int) -> None:
+    async def _restart_later(self, handle: WorkerRecord, delay: float, generation: int) -> None:
         await asyncio.sleep(delay)
         if self._stopping or handle.generation != generation:
             return
@@ -262,10 +258,10 @@ class Supervisor:
         except Exception as exc:  # noqa: BLE001 - a failed spawn is one more failed start
             handle.last_error = f"spawn failed: {type(exc).__name__}: {exc}"
             log.exception("rank %d: spawn failed", handle.rank)
-            self._schedule_restart(handle, was_ready=False)
+            self._schedule_restart(handle, ready_at=None)
 
     # --- stop -------------------------------------------------------------------------------
-    def broadcast(self, frames: list[bytes]) -> None:
+    def broadcast(self, frames: list[Frame]) -> None:
         """Send one message to every running worker; a worker that cannot take it is skipped."""
         for handle in self.handles:
             try:
@@ -280,30 +276,27 @@ class Supervisor:
             self._liveness.cancel()
         for task in list(self._restarts):
             task.cancel()
-        live = [h for h in self.handles if h.process is not None and h.process.exitcode is None]
-        for handle in live:
+        live = [(h, h.current) for h in self.handles if h.current is not None and h.current.alive]
+        for handle, inc in live:
             try:
-                handle.send(pack(Stop(grace)))
+                inc.send(handle.rank, pack(Stop(grace)))
             except (WorkerDied, NotReady):
-                handle.process.terminate()  # type: ignore[union-attr]  # not listening yet
+                inc.process.terminate()  # not listening yet
         deadline = time.monotonic() + grace + 5
-        while any(h.process.is_alive() for h in live) and time.monotonic() < deadline:  # type: ignore[union-attr]
+        while any(inc.process.is_alive() for _, inc in live) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        for handle in live:
-            process = handle.process
-            assert process is not None
-            if process.is_alive():
-                log.warning("rank %d: worker pid %d did not stop in time; killing it", handle.rank, process.pid)
-                process.kill()
-                await asyncio.to_thread(process.join, 5)
+        for handle, inc in live:
+            if inc.process.is_alive():
+                log.warning("rank %d: worker pid %d did not stop in time; killing it", handle.rank, inc.pid)
+                inc.process.kill()
+                await asyncio.to_thread(inc.process.join, 5)
         # Let the sentinel callbacks and their reaping run, then release whatever they did not.
         await asyncio.sleep(0)
         if self._restarts:
             await asyncio.wait(list(self._restarts), timeout=2)
         for handle in self.handles:
-            if handle.process is not None and self._loop is not None:
-                self._loop.remove_reader(handle.process.sentinel)
-            if handle.sock is not None:
-                handle.sock.close(0)
-                handle.sock = None
+            if handle.current is not None:
+                if self._loop is not None:
+                    self._loop.remove_reader(handle.current.process.sentinel)
+                handle.current.close()
             handle.state = RankState.STOPPED

@@ -12,20 +12,20 @@ prefill servers leave through the runtime's transfer backends, straight from her
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import multiprocessing
 import os
 import signal
 import sys
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import zmq
 import zmq.asyncio
 
 from encoder_pod.errors import EncoderError, InternalError, NotReady
 from encoder_pod.exitcodes import ExitCode
+from encoder_pod.metrics import ReplicaMetrics
 from encoder_pod.parallel.messages import (
     Call,
     Cancel,
@@ -33,19 +33,24 @@ from encoder_pod.parallel.messages import (
     Drain,
     Encode,
     Error,
+    Frame,
     Message,
     ProtocolError,
     Result,
     Status,
     Stop,
     WorkerSpec,
-    WorkerState,
     pack,
     request_from_wire,
     unpack,
 )
-from encoder_pod.parallel.ranked_metrics import replica_metrics
-from encoder_pod.settings import EncoderSettings, ModelSettings
+from encoder_pod.readiness import LoadStep, ReplicaState
+from encoder_pod.settings import EncoderSettings
+from encoder_pod.transfer.inline import InlineAnswer
+
+if TYPE_CHECKING:
+    from encoder_pod.parallel.tensor.group import TensorParallelGroup
+    from encoder_pod.runtime import EncoderRuntime
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +82,10 @@ class WorkerServer:
     def __init__(self, spec: WorkerSpec, settings: EncoderSettings) -> None:
         self.spec = spec
         self.settings = settings
-        self.runtime: Any = None  # EncoderRuntime once torch is imported
-        self.group: Any = None  # TensorParallelGroup when --tp-size > 1 (this process is its rank 0)
-        self._phase = "importing"
+        self.runtime: EncoderRuntime | None = None
+        """Made once torch and the model stack are imported."""
+        self.group: TensorParallelGroup | None = None
+        """With --tp-size > 1: the group this process is rank 0 of."""
         self._started = time.monotonic()
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._stop_grace: float | None = None
@@ -112,53 +118,41 @@ class WorkerServer:
             self._out.close()
             self._ctx.term()
 
-    async def _serve(self) -> int:
-        # torch and the model stack import for seconds; on a thread, so heartbeats keep flowing.
-        runtime_mod = await asyncio.to_thread(importlib.import_module, "encoder_pod.runtime")
-        registry = importlib.import_module("encoder_pod.models.registry")
-        self._phase = "loading"
-        load = registry.load_adapter
-        profiler = None
-        if self.settings.parallel.tp_size > 1:
-            tensor = importlib.import_module("encoder_pod.parallel.tensor.group")
-            self.group = tensor.TensorParallelGroup(self.settings, label=f"dp{self.spec.rank}")
-            load = self.group.load_adapter
-            profiler = self.group.profiler  # /start_profile and /stop_profile reach every rank of the group
-        self.runtime = runtime_mod.EncoderRuntime(
-            self.settings, replica_metrics(), adapter_loader=self._tracked(load), profiler=profiler
+    def _make_runtime(self) -> EncoderRuntime:
+        """Import torch and the model stack (seconds: call on a thread) and build the runtime."""
+        from encoder_pod.runtime import EncoderRuntime
+
+        if self.settings.parallel.tp_size == 1:
+            return EncoderRuntime(self.settings, ReplicaMetrics())
+        from encoder_pod.parallel.tensor.group import TensorParallelGroup
+
+        self.group = TensorParallelGroup(self.settings, label=f"dp{self.spec.rank}")
+        # The group's loader starts the followers; its profiler reaches every rank of the group.
+        return EncoderRuntime(
+            self.settings, ReplicaMetrics(), adapter_loader=self.group.load_adapter, profiler=self.group.profiler
         )
-        await self.runtime.start()
-        loaded = asyncio.create_task(self.runtime.wait_loaded())
+
+    async def _serve(self) -> int:
+        # On a thread, so heartbeats keep flowing while the ML stack imports.
+        runtime = self.runtime = await asyncio.to_thread(self._make_runtime)
+        await runtime.start()
+        loaded = asyncio.create_task(runtime.wait_loaded())
         stop = asyncio.create_task(self._stop.wait())
         await asyncio.wait({loaded, stop}, return_when=asyncio.FIRST_COMPLETED)
         if not loaded.done():
             loaded.cancel()
             await self._shutdown()
             return ExitCode.OK
-        if loaded.result() is runtime_mod.State.FAILED:
-            self._phase = "failed"
+        if loaded.result() is ReplicaState.FAILED:
             await self._send(self._status())
             stop.cancel()
             return ExitCode.MODEL_LOAD_FAILED  # the front counts a failed start, not a crash
-        self._phase = "serving"
         await self._send(self._status())
         await stop
         await self._shutdown()
         return ExitCode.OK
 
-    def _tracked(self, load: Callable[[ModelSettings], Any]) -> Callable[[ModelSettings], Any]:
-        """The adapter loader, reporting its phase (a slow load is visible in /server_info)."""
-
-        def loader(settings: ModelSettings) -> Any:
-            self._phase = "loading weights"
-            adapter = load(settings)
-            self._phase = "warming up"
-            return adapter
-
-        return loader
-
     async def _shutdown(self) -> None:
-        self._phase = "stopping"
         grace = self._stop_grace if self._stop_grace is not None else self.settings.admission.req_timeout
         if self.runtime is not None:
             await self.runtime.shutdown(grace)
@@ -190,22 +184,22 @@ class WorkerServer:
         self._stop.set()
 
     # --- messages ---------------------------------------------------------------------------
-    async def _send(self, msg: Message, *frames: bytes) -> None:
+    async def _send(self, msg: Message, *frames: Frame) -> None:
         await self._out.send_multipart(pack(msg, *frames), copy=False)
 
     async def _recv_loop(self) -> None:
         while True:
             frames = await self._inbox.recv_multipart()
             try:
-                msg, _ = unpack(frames)
+                msg, extra = unpack(frames)
             except ProtocolError as exc:
                 log.error("dropped a malformed message from the front: %s", exc)
                 continue
-            self._dispatch(msg)
+            self._dispatch(msg, extra)
 
-    def _dispatch(self, msg: Message) -> None:
+    def _dispatch(self, msg: Message, extra: list[Frame]) -> None:
         if isinstance(msg, Encode):
-            self._spawn(msg.call_id, self._encode(msg))
+            self._spawn(msg.call_id, self._encode(msg, extra))
         elif isinstance(msg, Call):
             self._spawn(msg.call_id, self._control(msg))
         elif isinstance(msg, Cancel):
@@ -221,16 +215,16 @@ class WorkerServer:
         else:
             log.error("unexpected %s message from the front", type(msg).__name__)
 
-    def _spawn(self, call_id: int, work: Any) -> None:
-        task = asyncio.create_task(work)
+    def _spawn(self, call_id: int, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
         self._tasks[call_id] = task
         task.add_done_callback(lambda _: self._tasks.pop(call_id, None))
 
-    async def _answer(self, call_id: int, work: Callable[[], Any], req_id: str | None = None) -> None:
+    async def _answer(self, call_id: int, work: Callable[[], Awaitable[Any]], req_id: str | None = None) -> None:
         """Run ``work`` and send its Result or typed Error; nothing is sent if the call was cancelled."""
         rank, gen = self.spec.rank, self.spec.generation
         try:
-            body = await work()
+            answer = await work()
         except EncoderError as err:
             err.req_id = err.req_id or req_id
             await self._send(Error.of(rank, gen, call_id, err))
@@ -241,28 +235,28 @@ class WorkerServer:
             log.exception("call %d failed", call_id)
             await self._send(Error.of(rank, gen, call_id, InternalError(f"{type(exc).__name__}: {exc}", req_id=req_id)))
             return
-        extra: list[bytes] = []
-        embedding = body.get("embedding") if isinstance(body, dict) else None
-        if isinstance(embedding, dict) and isinstance(embedding.get("data"), str):
-            # The inline embedding (base64, made here, off the front's loop) travels as a raw
-            # frame; the front puts it back into the body untouched.
-            extra.append(embedding.pop("data").encode("ascii"))
+        frames: list[Frame]
         try:
-            frames = pack(Result(rank, gen, call_id, body, framed=bool(extra)), *extra)
+            if isinstance(answer, InlineAnswer):
+                # The embedding's text travels as a frame of its own, never inside msgpack.
+                meta, data = answer.to_wire()
+                frames = pack(Result(rank, gen, call_id, inline=meta), data)
+            else:
+                frames = pack(Result(rank, gen, call_id, body=answer))
         except (TypeError, ValueError, OverflowError) as exc:
-            err = InternalError(f"answer cannot be sent to the front: {exc}", req_id=req_id)
-            frames = pack(Error.of(rank, gen, call_id, err))
+            failure = InternalError(f"answer cannot be sent to the front: {exc}", req_id=req_id)
+            frames = pack(Error.of(rank, gen, call_id, failure))
         await self._out.send_multipart(frames, copy=False)
 
-    async def _encode(self, msg: Encode) -> None:
+    async def _encode(self, msg: Encode, extra: list[Frame]) -> None:
         req_id = msg.request.get("req_id") if isinstance(msg.request, dict) else None
 
-        async def work() -> Any:
+        async def work() -> InlineAnswer | None:
             if self.runtime is None:
                 raise NotReady("model is still loading")
-            return await self.runtime.encode_request(request_from_wire(msg.request))
+            return await self.runtime.encode_request(request_from_wire(msg.request, extra))
 
-        await self._answer(msg.call_id, work, req_id)
+        await self._answer(msg.call_id, work, req_id if isinstance(req_id, str) else None)
 
     async def _control(self, msg: Call) -> None:
         async def work() -> Any:
@@ -274,6 +268,10 @@ class WorkerServer:
                 return await self.runtime.start_profile(msg.args)
             if msg.op is ControlOp.STOP_PROFILE:
                 return await self.runtime.stop_profile()
+            if msg.op is ControlOp.MOONCAKE_META:
+                return await self.runtime.mooncake_meta(msg.args)
+            if msg.op is ControlOp.MOONCAKE_SEND:
+                return await self.runtime.mooncake_send(msg.args)
             return await self.runtime.register_receive_url(msg.args)
 
         await self._answer(msg.call_id, work)
@@ -281,11 +279,11 @@ class WorkerServer:
     # --- heartbeat ----------------------------------------------------------------------------
     def _status(self) -> Status:
         rt = self.runtime
-        state = WorkerState.LOADING
+        state: ReplicaState = ReplicaState.LOADING
+        step: LoadStep | None = LoadStep.IMPORTING
         info = metrics = error = None
         if rt is not None:
-            state = WorkerState(rt.state.value)
-            error = rt.load_error
+            state, step, error = rt.state, rt.step, rt.load_error
             info = rt.info()
             info.pop("settings", None)  # the front shows the settings once
             metrics = rt.metrics_text()
@@ -294,7 +292,7 @@ class WorkerServer:
             generation=self.spec.generation,
             pid=os.getpid(),
             state=state,
-            phase=self._phase,
+            step=step,
             elapsed_s=round(time.monotonic() - self._started, 3),
             error=error,
             info=info,

@@ -4,7 +4,9 @@
   message strictly, merge the parts of a request, surface encoder errors and expiries as typed
   errors.
 - :class:`EncoderClient` / :func:`plan_parts`: split a request's items over several encoders and
-  post the parts (and the receive-URL registrations of zmq_to_scheduler).
+  post the parts (and the receive-URL registrations of zmq_to_scheduler); :func:`plan_affinity_parts`
+  and :mod:`encoder_pod.rendezvous`: the cache-affinity rule (rendezvous hashing over a
+  pool's ready endpoints).
 - :mod:`encoder_pod.receiver.wire`: the wire format itself (docs/wire-format.md).
 
 Nothing here imports the encoder server: a prefill process pays for torch, pyzmq, msgpack and
@@ -20,7 +22,8 @@ from encoder_pod.receiver.assembly import (
     ReceivedEmbedding,
     Rejected,
 )
-from encoder_pod.receiver.client import EncoderClient, PartPlan, plan_parts
+from encoder_pod.rendezvous import affinity_key, choose
+from encoder_pod.receiver.client import EncoderClient, PartPlan, plan_affinity_parts, plan_parts
 from encoder_pod.receiver.errors import (
     DispatchError,
     InconsistentParts,
@@ -57,5 +60,8 @@ __all__ = [
     "RequestExpired",
     "UnsupportedVersion",
     "WaitTimeout",
+    "affinity_key",
+    "choose",
+    "plan_affinity_parts",
     "plan_parts",
 ]

@@ -164,14 +164,14 @@ class Assembler:
             return None
         if header.is_error:
             assert header.error_kind is not None
-            err = RemoteEncodeError.from_kind(
+            remote = RemoteEncodeError.from_kind(
                 f"encoder failed part {header.part_idx}/{header.num_parts}: {header.error_msg}",
                 req_id=request_id,
                 kind=header.error_kind,
                 part_idx=header.part_idx,
             )
-            err.status = header.error_code or err.status
-            return self._fail(request_id, err, now)
+            remote.status = header.error_code or remote.status
+            return self._fail(request_id, remote, now)
         assert payload is not None
         return self._add_part(request_id, header, _to_tensor(header, payload), now)
 

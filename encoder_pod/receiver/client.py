@@ -1,11 +1,16 @@
 """The prefill side's client: split a request's media items over several encoders and post the parts.
 
-Assignment follows SGLang's receiver, so a mixed deployment numbers parts the same way: per
+Two ways to assign items. By default (:func:`plan_parts`) assignment follows SGLang's receiver, so a mixed deployment numbers parts the same way: per
 modality (in order of first appearance), the items are cut into contiguous chunks as even as
 possible over the encoders, the encoders that get the extra item rotate from one modality to the
 next, and part indices run modality by modality, encoder by encoder, skipping encoders with no
 items. Part ``k`` is posted as ``<request_id>_local_part_<k>``; the receiver strips that suffix to
 group the parts again.
+
+With cache affinity (:func:`plan_affinity_parts`, ``EncoderClient(..., affinity=True)``) each item
+goes to the encoder the rendezvous rule of :mod:`encoder_pod.rendezvous` picks for it, so a
+repeated item reaches the pod whose embedding cache holds it; consecutive items (per modality) that
+go to the same encoder form one part, so parts merged in ``part_idx`` order keep the items' order.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any, Sequence
 import httpx
 
 from encoder_pod.modality import Modality
+from encoder_pod.rendezvous import affinity_key, choose, item_source
 from encoder_pod.receiver.errors import DispatchError
 from encoder_pod.receiver.wire import PART_SUFFIX
 
@@ -79,9 +85,7 @@ def plan_parts(
     """Split ``(modality, item)`` pairs over ``encoder_urls``; ``rng`` shuffles like SGLang does (None: no shuffle)."""
     if not encoder_urls:
         raise ValueError("no encoder URLs to split items over")
-    by_modality: dict[Modality, list[Any]] = {}
-    for modality, item in items:
-        by_modality.setdefault(Modality.parse(modality.value if isinstance(modality, Modality) else modality), []).append(item)
+    by_modality = _by_modality(items)
     assigned = _assignments({m: len(v) for m, v in by_modality.items()}, len(encoder_urls), rng)
     num_parts = sum(1 for counts in assigned.values() for c in counts if c)
     plans: list[PartPlan] = []
@@ -105,6 +109,33 @@ def plan_parts(
     return plans
 
 
+def _by_modality(items: Sequence[tuple[Modality | str, Any]]) -> dict[Modality, list[Any]]:
+    by_modality: dict[Modality, list[Any]] = {}
+    for modality, item in items:
+        by_modality.setdefault(Modality.parse(modality.value if isinstance(modality, Modality) else modality), []).append(item)
+    return by_modality
+
+
+def plan_affinity_parts(request_id: str, items: Sequence[tuple[Modality | str, Any]], encoder_urls: Sequence[str]) -> list[PartPlan]:
+    """Split ``(modality, item)`` pairs by cache affinity: each item to the encoder the rendezvous
+    rule picks (:func:`~encoder_pod.rendezvous.choose`), consecutive items of one modality
+    for the same encoder in one part; modalities in order of first appearance."""
+    if not encoder_urls:
+        raise ValueError("no encoder URLs to split items over")
+    runs: list[tuple[Modality, int, list[Any]]] = []
+    for modality, modality_items in _by_modality(items).items():
+        for item in modality_items:
+            encoder_idx = choose(affinity_key(*item_source(item)), encoder_urls)
+            if runs and runs[-1][0] is modality and runs[-1][1] == encoder_idx:
+                runs[-1][2].append(item)
+            else:
+                runs.append((modality, encoder_idx, [item]))
+    return [
+        PartPlan(request_id, part_idx, len(runs), modality, encoder_idx, encoder_urls[encoder_idx].rstrip("/"), tuple(run))
+        for part_idx, (modality, encoder_idx, run) in enumerate(runs)
+    ]
+
+
 def _error_message(response: httpx.Response) -> str:
     try:
         body = response.json()
@@ -116,10 +147,24 @@ def _error_message(response: httpx.Response) -> str:
 
 
 class EncoderClient:
-    """Posts the parts of requests to encoder pods (one shared HTTP connection pool)."""
+    """Posts the parts of requests to encoder pods (one shared HTTP connection pool).
 
-    def __init__(self, encoder_urls: Sequence[str], *, timeout: float = 180.0, http: httpx.AsyncClient | None = None) -> None:
+    ``affinity=True`` assigns items by cache affinity (:func:`plan_affinity_parts`) instead of
+    SGLang's even split; keep :attr:`encoder_urls` to the pool's ready endpoints (an
+    ``EncoderPool``'s ``status.endpoints``) and only the keys of an endpoint that comes or goes move.
+    """
+
+    def __init__(
+        self,
+        encoder_urls: Sequence[str],
+        *,
+        timeout: float = 180.0,
+        http: httpx.AsyncClient | None = None,
+        affinity: bool = False,
+    ) -> None:
         self.encoder_urls = list(encoder_urls)
+        """The encoders items are split over (replace the list when the pool's endpoints change)."""
+        self.affinity = affinity
         self._own_http = http is None
         self._http = http or httpx.AsyncClient(timeout=timeout)
 
@@ -154,9 +199,13 @@ class EncoderClient:
         ``embedding_port`` is where encoders push (an int for zmq_to_tokenizer, a list for
         zmq_to_scheduler). With ``receive_urls`` ("host:port" per prefill rank) and no port, each
         part is first registered through ``/scheduler_receive_url``, concurrently with ``/encode``.
-        Waits for every call; raises the first :class:`DispatchError`.
+        Waits for every call; raises the first :class:`DispatchError`. With :attr:`affinity`, ``rng``
+        is not used (the assignment is the rendezvous rule's).
         """
-        plans = plan_parts(request_id, items, self.encoder_urls, rng=rng)
+        if self.affinity:
+            plans = plan_affinity_parts(request_id, items, self.encoder_urls)
+        else:
+            plans = plan_parts(request_id, items, self.encoder_urls, rng=rng)
         calls = [self._post(p, "/encode", p.body(prefill_host, embedding_port)) for p in plans]
         for plan in plans:
             for url in receive_urls:

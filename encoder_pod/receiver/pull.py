@@ -199,7 +199,7 @@ class AsyncEmbeddingReceiver(_Base):
             next_expiry = self._assembler.next_expiry()
             wait_ms = 1000 if next_expiry is None else max(0, min(1000, int((next_expiry - time.monotonic()) * 1000) + 1))
             try:
-                ready = await self._sock.poll(wait_ms, zmq.POLLIN)
+                ready = await self._sock.poll(wait_ms)  # POLLIN
                 outcomes: list[Outcome] = []
                 if ready:
                     frames = await self._sock.recv_multipart(copy=False)

@@ -170,7 +170,7 @@ def _load_map(frame: memoryview) -> dict[str, Any]:
     try:
         raw = msgpack.unpackb(frame, raw=False, strict_map_key=True, use_list=True)
     except Exception as exc:  # noqa: BLE001 - msgpack raises a zoo of types on hostile bytes
-        hint = " (an SGLang pickle frame? this receiver reads the encoderpool format)" if frame[:1] == b"\x80" else ""
+        hint = " (an SGLang pickle frame? this receiver reads the encoderpool format)" if bytes(frame[:1]) == b"\x80" else ""
         raise MalformedMessage(f"header is not msgpack ({type(exc).__name__}: {exc}){hint}") from None
     if not isinstance(raw, dict):
         raise MalformedMessage(f"header must be a msgpack map, got {type(raw).__name__}")

@@ -1,4 +1,4 @@
-"""The transfer backend contract."""
+"""The transfer backend contract, and the ``inline`` backend (no sockets: the answer is the response)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from typing import Any
 
 from encoder_pod.errors import EncoderError, InvalidRequest
 from encoder_pod.models.base import EncodedPart
+from encoder_pod.offload import Offload
 from encoder_pod.protocol import EncodeRequest
+from encoder_pod.transfer.inline import InlineAnswer
 
 
 class Transfer(ABC):
@@ -16,8 +18,8 @@ class Transfer(ABC):
     name: str
 
     @abstractmethod
-    async def deliver(self, request: EncodeRequest, part: EncodedPart) -> Any:
-        """Deliver the embedding; return the HTTP response body (None for the ZMQ backends)."""
+    async def deliver(self, request: EncodeRequest, part: EncodedPart) -> InlineAnswer | None:
+        """Deliver the embedding; the inline answer, or None once pushed (the ZMQ backends answer ``null``)."""
 
     async def deliver_error(self, request: EncodeRequest, error: EncoderError) -> None:
         """Tell the receiver this request failed, so it stops waiting (no-op for inline)."""
@@ -30,3 +32,16 @@ class Transfer(ABC):
     async def close(self) -> None:
         """Release sockets and threads."""
         return None
+
+
+class InlineTransfer(Transfer):
+    """The ``inline`` backend: the embedding comes back in the response, built on a thread of ``offload``."""
+
+    name = "inline"
+
+    def __init__(self, offload: Offload) -> None:
+        self._offload = offload
+
+    async def deliver(self, request: EncodeRequest, part: EncodedPart) -> InlineAnswer:
+        """The answer carrying the embedding (:class:`~encoder_pod.transfer.inline.InlineAnswer`)."""
+        return await self._offload.run(InlineAnswer.build, request, part)

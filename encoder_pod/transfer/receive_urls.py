@@ -163,6 +163,12 @@ class ReceiveUrlTable:
         entry.on_complete = callback
         return None
 
+    def discard(self, req_id: str) -> None:
+        """Forget ``req_id``'s registrations (its embedding went another way); a waiter keeps its own."""
+        entry = self._entries.get(req_id)
+        if entry is not None and not entry.waiting:
+            del self._entries[req_id]
+
     def sweep(self, now: float | None = None) -> int:
         """Drop entries older than ``ttl`` that no delivery waits on; returns how many."""
         now = time.monotonic() if now is None else now

@@ -1,20 +1,32 @@
-"""Opt-in frames for an unmodified SGLang prefill server (``ENCODER_WIRE_FORMAT=sglang=<release>``).
+"""The frames SGLang's own prefill-side receiver reads (``ENCODER_WIRE_FORMAT=sglang``, the default).
 
 SGLang's receiver reads frame 0 as a pickle of its ``EmbeddingData`` (through an allowlisting
 unpickler) and frame 1 as the raw tensor bytes. Pickle on a socket is only tolerable because that
-receiver requires it and guards it; the project's own format stays the default.
+receiver requires it and guards it; the project's own receiver library reads msgpack instead
+(``ENCODER_WIRE_FORMAT=encoderpool``), and pickle is written nowhere else.
 
 The pickle is written without importing sglang: stand-in classes are pickled under SGLang's
 module and class names by a pure-Python pickler that writes those names as they are (the stock
-pickler insists the name imports to the same object). The class paths are release-specific, so
-each supported release is a row of :data:`RELEASES`; an unknown release fails at start.
+pickler insists the name imports to the same object).
+
+Which names: every release from 0.5.19 to 0.5.23 keeps ``EmbeddingData`` in
+``sglang.srt.disaggregation.encoder.receiver`` and accepts ``Modality`` pickled as
+``sglang.srt.managers.schedule_batch.Modality`` (it is defined there up to 0.5.22 and re-exported
+there by 0.5.23), so ``SGLANG_VERSION=auto`` writes that layout, read by all of them. Naming a
+release writes exactly what that release's own encoder writes (0.5.23 pickles the enum from its
+new home, ``sglang.srt.multimodal.modality``, which older releases refuse).
+
+The attributes are those of SGLang's ``EmbeddingData.copy_without_embedding()``, in its order,
+then the video metadata its encoder adds to every embedding part (``video_timestamps``,
+``second_per_grid_ts``; None unless the adapter produced them). Grids are int64 tensors as its
+processors produce them; audio carries ONE length per item (the receiver flattens it and
+recomputes the item's tokens from it).
 """
 
 from __future__ import annotations
 
 import io
 import pickle
-import time
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -25,29 +37,36 @@ from encoder_pod.errors import EncoderError
 from encoder_pod.modality import Modality
 from encoder_pod.models.base import EncodedPart
 from encoder_pod.protocol import EncodeRequest
+from encoder_pod.settings import SGLANG_RELEASES
 from encoder_pod.transfer.tensors import tensor_view
+
+EMBEDDING_DATA = ("sglang.srt.disaggregation.encoder.receiver", "EmbeddingData")
+MODALITY_EVERY_RELEASE = ("sglang.srt.managers.schedule_batch", "Modality")
+MODALITY_SINCE_0_5_23 = ("sglang.srt.multimodal.modality", "Modality")
 
 
 @dataclass(frozen=True)
-class SglangRelease:
-    """Where one SGLang release keeps the classes its receiver unpickles."""
+class SglangLayout:
+    """Where the classes a frame names live, for one release or for all of them (``auto``)."""
 
-    release: str
+    version: str
     embedding_data: tuple[str, str]
     modality_enum: tuple[str, str]
-    modality_values: dict[Modality, int]
     pickle_protocol: int = 4
 
 
-RELEASES: dict[str, SglangRelease] = {
-    "0.5.23": SglangRelease(
-        release="0.5.23",
-        embedding_data=("sglang.srt.disaggregation.encoder.receiver", "EmbeddingData"),
-        modality_enum=("sglang.srt.multimodal.modality", "Modality"),
-        # sglang's Modality is Enum(IMAGE=auto(), VIDEO=auto(), AUDIO=auto()).
-        modality_values={Modality.IMAGE: 1, Modality.VIDEO: 2, Modality.AUDIO: 3},
-    ),
-}
+def layout_for(version: str) -> SglangLayout:
+    """The layout for ``SGLANG_VERSION`` (``auto`` or one of :data:`SGLANG_RELEASES`)."""
+    if version == "auto":
+        return SglangLayout("auto", EMBEDDING_DATA, MODALITY_EVERY_RELEASE)
+    if version not in SGLANG_RELEASES:
+        raise ValueError(f"unsupported SGLang release {version!r}; supported: auto, {', '.join(SGLANG_RELEASES)}")
+    modality = MODALITY_SINCE_0_5_23 if _release_tuple(version) >= (0, 5, 23) else MODALITY_EVERY_RELEASE
+    return SglangLayout(version, EMBEDDING_DATA, modality)
+
+
+def _release_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in version.split("."))
 
 
 class _EmbeddingData:
@@ -55,14 +74,17 @@ class _EmbeddingData:
 
 
 class _SglangModality(Enum):
-    """Stand-in pickled as SGLang's ``Modality`` enum."""
+    """Stand-in pickled as SGLang's ``Modality`` enum (``Enum(IMAGE=auto(), VIDEO=auto(), AUDIO=auto())``)."""
 
     IMAGE = 1
     VIDEO = 2
     AUDIO = 3
 
 
-class _NamingPickler(pickle._Pickler):  # type: ignore[name-defined,misc]
+_PurePickler: Any = pickle._Pickler  # the pure-Python pickler; its save/write/memoize are not in the stubs
+
+
+class _NamingPickler(_PurePickler):
     """Pure-Python pickler that writes given module/name pairs for the stand-in classes."""
 
     def __init__(self, file: io.BytesIO, protocol: int, names: dict[type, tuple[str, str]]) -> None:
@@ -81,51 +103,62 @@ class _NamingPickler(pickle._Pickler):  # type: ignore[name-defined,misc]
         self.memoize(obj)
 
 
-def _grid_dim(modality: Modality, part: EncodedPart) -> Any:
-    """``grid_dim`` as the release's receiver reads it: per-item grids; for AUDIO a tensor of lengths."""
+def grid_dim(modality: Modality, part: EncodedPart) -> torch.Tensor | None:
+    """``grid_dim`` as SGLang's encoder sends it.
+
+    IMAGE/VIDEO: the per-item grids as an int64 tensor ``[items, k]`` (None for families without
+    a grid). AUDIO: a 1-D int64 tensor with ONE length per item: the sum of the item's grid (an
+    adapter that splits long audio into windows reports each window; their sum is the item's
+    feature length), or its output rows when the adapter reports no grid.
+    """
     if modality is Modality.AUDIO:
-        # The receiver calls .flatten() on audio grids; adapters put the feature length per item in
-        # item_grids, and when they do not the output length is the best available stand-in.
-        flat = [int(n) for grid in part.item_grids for n in grid]
-        return torch.tensor(flat or [int(n) for n in part.item_tokens], dtype=torch.int64)
-    if not any(part.item_grids):
+        lengths = [sum(int(n) for n in grid) for grid in part.item_grids]
+        if not lengths or not all(part.item_grids):
+            lengths = [int(n) for n in part.item_tokens]
+        return torch.tensor(lengths, dtype=torch.int64)
+    grids = [[int(n) for n in grid] for grid in part.item_grids]
+    if not grids or not all(grids) or len({len(g) for g in grids}) != 1:
         return None
-    return [[int(n) for n in grid] for grid in part.item_grids]
+    return torch.tensor(grids, dtype=torch.int64)
+
+
+def video_meta(part: EncodedPart) -> dict[str, Any]:
+    """``video_timestamps`` (a list per video of floats) and ``second_per_grid_ts`` (float32 tensor, one per video)."""
+    extras: dict[str, Any] = getattr(part, "extras", None) or {}
+    stamps = extras.get("video_timestamps")
+    per_grid = extras.get("second_per_grid_ts")
+    return {
+        "video_timestamps": None if stamps is None else [[float(t) for t in video] for video in stamps],
+        "second_per_grid_ts": None if per_grid is None else torch.tensor([float(v) for v in per_grid], dtype=torch.float32),
+    }
 
 
 class SglangCodec:
-    """Frames SGLang ``release``'s prefill-side receiver accepts, for zmq_to_tokenizer and zmq_to_scheduler."""
+    """Frames SGLang's prefill-side receiver accepts, for zmq_to_tokenizer, zmq_to_scheduler and mooncake acks."""
 
-    def __init__(self, release: str) -> None:
-        try:
-            self.release = RELEASES[release]
-        except KeyError:
-            raise ValueError(
-                f"ENCODER_WIRE_FORMAT sglang={release}: unsupported SGLang release; supported: {', '.join(sorted(RELEASES))}"
-            ) from None
-        self.name = f"sglang={release}"
-        self._names = {_EmbeddingData: self.release.embedding_data, _SglangModality: self.release.modality_enum}
-
-    def _modality(self, modality: Modality) -> _SglangModality:
-        return _SglangModality(self.release.modality_values[modality])
+    def __init__(self, version: str = "auto") -> None:
+        self.layout = layout_for(version)
+        self.name = f"sglang={version}"
+        self._names = {_EmbeddingData: self.layout.embedding_data, _SglangModality: self.layout.modality_enum}
 
     def _dumps(self, attrs: dict[str, Any]) -> bytes:
         obj = _EmbeddingData()
         obj.__dict__.update(attrs)
         buf = io.BytesIO()
-        _NamingPickler(buf, self.release.pickle_protocol, self._names).dump(obj)
+        _NamingPickler(buf, self.layout.pickle_protocol, self._names).dump(obj)
         return buf.getvalue()
 
-    def _attrs(self, request: EncodeRequest, **fields: Any) -> dict[str, Any]:
+    @staticmethod
+    def _attrs(request: EncodeRequest, **fields: Any) -> dict[str, Any]:
         # Attribute order as SGLang's EmbeddingData.__init__ sets them (copy_without_embedding).
         return {
             "req_id": request.req_id,
-            "num_parts": request.num_parts,
-            "part_idx": request.part_idx,
+            "num_parts": int(request.num_parts),
+            "part_idx": int(request.part_idx),
             "grid_dim": fields.get("grid_dim"),
-            "modality": self._modality(request.modality),
+            "modality": _SglangModality[request.modality.value],
             "embedding": None,
-            "send_time": fields.get("send_time", time.time()),
+            "send_time": fields.get("send_time"),
             "dtype": fields.get("dtype"),
             "shape": fields.get("shape"),
             "_mr_ptr": None,
@@ -134,15 +167,16 @@ class SglangCodec:
         }
 
     def header(self, request: EncodeRequest, part: EncodedPart, send_time: float | None = None) -> bytes:
-        """Frame 0 of an embedding part."""
-        fields: dict[str, Any] = dict(
-            grid_dim=_grid_dim(request.modality, part),
+        """Frame 0 of an embedding part (also the one-frame mooncake acknowledgement)."""
+        attrs = self._attrs(
+            request,
+            grid_dim=grid_dim(request.modality, part),
             dtype=part.embedding.dtype,
             shape=[int(n) for n in part.embedding.shape],
+            send_time=send_time,
         )
-        if send_time is not None:
-            fields["send_time"] = send_time
-        return self._dumps(self._attrs(request, **fields))
+        attrs.update(video_meta(part))
+        return self._dumps(attrs)
 
     def part_frames(self, request: EncodeRequest, part: EncodedPart) -> list[Any]:
         """Pickled header + zero-copy payload (the receiver rejects an empty frame 1, so rows must be >= 1)."""
@@ -151,5 +185,5 @@ class SglangCodec:
         return [self.header(request, part), tensor_view(part.embedding)]
 
     def error_frames(self, request: EncodeRequest, error: EncoderError) -> list[Any]:
-        """Frame 0 alone with ``error_msg`` and ``error_code`` (the HTTP status)."""
+        """Frame 0 alone with ``error_msg`` and ``error_code`` (the HTTP status, an ``http.HTTPStatus`` value)."""
         return [self._dumps(self._attrs(request, error_msg=error.message, error_code=int(error.http_status)))]

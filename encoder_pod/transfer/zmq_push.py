@@ -19,13 +19,20 @@ from typing import Any
 from encoder_pod.errors import EncoderError, InternalError, InvalidRequest, TransferFailed
 from encoder_pod.models.base import EncodedPart
 from encoder_pod.protocol import EncodeRequest
-from encoder_pod.settings import TransferBackend, TransferSettings
+from encoder_pod.settings import TransferBackend, TransferSettings, WireFormat
 from encoder_pod.transfer.base import Transfer
 from encoder_pod.transfer.frames import FrameCodec, codec_for
 from encoder_pod.transfer.push_sender import PushSender, host_port
 from encoder_pod.transfer.receive_urls import ReceiveUrlTable, parse_registration
 
 log = logging.getLogger(__name__)
+
+
+def wire_name(settings: TransferSettings) -> str:
+    """The ``codec_for`` name of the configured frames: ``encoderpool`` or ``sglang=<version>``."""
+    if settings.wire_format is WireFormat.ENCODERPOOL:
+        return "encoderpool"
+    return f"sglang={settings.sglang_version}"
 
 
 def endpoint(host: str, port: int) -> str:
@@ -47,11 +54,11 @@ class ZmqTransfer(Transfer):
     ) -> None:
         """``max_registrations``: receive URLs held at once (the pod passes its admission bound)."""
         if backend is TransferBackend.INLINE:
-            raise ValueError("ZmqTransfer is for the zmq_* backends")
+            raise ValueError("ZmqTransfer pushes; inline answers in the HTTP response")
         self.name = backend.value
         self._backend = backend
         self._timeout = settings.send_timeout
-        self._codec = codec or codec_for(settings.wire_format)
+        self._codec = codec or codec_for(wire_name(settings))
         self._sender = sender or PushSender(
             max_sockets=settings.transfer_max_sockets,
             idle_s=settings.transfer_socket_idle_s,
@@ -67,11 +74,6 @@ class ZmqTransfer(Transfer):
         """The socket pool (tests read its open-socket count)."""
         return self._sender
 
-    @property
-    def registrations(self) -> ReceiveUrlTable:
-        """Pending /scheduler_receive_url registrations."""
-        return self._table
-
     # --- destinations -----------------------------------------------------------------------
     def check(self, request: EncodeRequest) -> None:
         """Reject, before any work, a request whose ports do not fit this backend."""
@@ -83,9 +85,10 @@ class ZmqTransfer(Transfer):
             )
 
     def _registered(self, request: EncodeRequest) -> bool:
-        return self._backend is TransferBackend.ZMQ_TO_SCHEDULER and not request.ports
+        return self._backend is not TransferBackend.ZMQ_TO_TOKENIZER and not request.ports
 
-    async def _endpoints(self, request: EncodeRequest, deadline: float) -> tuple[str, ...]:
+    async def endpoints(self, request: EncodeRequest, deadline: float) -> tuple[str, ...]:
+        """Where this request's embedding goes: its ports, or the receive URLs its ranks register."""
         if self._registered(request):
             return await self._table.wait(request.req_id, deadline - time.monotonic())
         assert request.prefill_host is not None
@@ -106,7 +109,10 @@ class ZmqTransfer(Transfer):
     async def deliver(self, request: EncodeRequest, part: EncodedPart) -> None:
         """Push the embedding to every destination; 200 (None) only once all pushes completed."""
         deadline = time.monotonic() + self._timeout
-        endpoints = await self._endpoints(request, deadline)
+        await self.push(request, part, await self.endpoints(request, deadline), deadline)
+
+    async def push(self, request: EncodeRequest, part: EncodedPart, endpoints: tuple[str, ...], deadline: float) -> None:
+        """Push the embedding to ``endpoints`` within ``deadline``; TransferFailed names those that failed."""
         try:
             frames = self._codec.part_frames(request, part)
         except ValueError as exc:
@@ -153,9 +159,14 @@ class ZmqTransfer(Transfer):
 
     async def register_receive_url(self, payload: dict[str, Any]) -> None:
         """Record a prefill rank's receive URL (zmq_to_scheduler)."""
-        if self._backend is not TransferBackend.ZMQ_TO_SCHEDULER:
+        if self._backend is TransferBackend.ZMQ_TO_TOKENIZER:
             raise InvalidRequest(f"/scheduler_receive_url is not used by the {self.name} transfer backend")
         self._table.register(parse_registration(payload))
+
+    def forget(self, req_id: str) -> None:
+        """Drop what is known about ``req_id`` (its embedding went another way)."""
+        self._table.discard(req_id)
+        self._after_failure.pop(req_id, None)
 
     async def close(self) -> None:
         """Cancel deferred error pushes and close every socket."""

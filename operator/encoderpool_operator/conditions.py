@@ -49,9 +49,9 @@ def stamp(conditions: list[dict[str, Any]], previous: dict[str, Any], now: datet
     before = {c.get("type"): c for c in previous.get("conditions") or []}
     out = []
     for cond in conditions:
-        old = before.get(cond["type"])
-        keep = old is not None and old.get("status") == cond["status"] and old.get("lastTransitionTime")
-        out.append({**cond, "lastTransitionTime": old["lastTransitionTime"] if keep else rfc3339(now)})
+        old = before.get(cond["type"]) or {}
+        kept = old.get("lastTransitionTime") if old.get("status") == cond["status"] else None
+        out.append({**cond, "lastTransitionTime": kept or rfc3339(now)})
     return out
 
 

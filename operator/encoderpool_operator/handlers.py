@@ -15,7 +15,6 @@ the operator is down); the periodic resync is therefore the engine's own task, n
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -40,9 +39,6 @@ WATCHED: dict[str, tuple[str, str, str]] = {
 }
 WATCHED_CHILDREN = tuple(WATCHED.values())
 FORBIDDEN_RETRY_SECONDS = 60.0
-# The StatefulSet controller usually observes a write within a second: look once more before
-# handing the wait to kopf, whose retry is logged as an error.
-SETTLE_SECONDS = 1.0
 
 
 def to_kopf(exc: errors.OperatorError, settings: OperatorSettings) -> Exception:
@@ -57,12 +53,14 @@ def to_kopf(exc: errors.OperatorError, settings: OperatorSettings) -> Exception:
 
 
 def raise_for(outcome: Outcome, settings: OperatorSettings) -> None:
-    """Tell kopf how a reconcile of a create/update/resume went (returning = done)."""
+    """Tell kopf how a reconcile of a create/update/resume went (returning = done).
+
+    Waiting for the StatefulSet controller is no retry: its status update is a watch event that
+    nudges the pool again (and the resync backs that up), so a kopf retry would only repeat it.
+    """
     if outcome.failed:
         # kopf stops retrying; the next spec change (an update) runs the handler again.
         raise kopf.PermanentError(outcome.failed)
-    if outcome.waiting:
-        raise kopf.TemporaryError(outcome.waiting, delay=settings.wait_seconds)
 
 
 def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
@@ -79,6 +77,12 @@ def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
     # also spares a namespaced install a cluster-wide permission on CustomResourceDefinitions).
     ks.scanning.disabled = True
     return ks
+
+
+def _any(handler: Any) -> Any:
+    """A handler as kopf's decorators take it. kopf types each handler kind as a callback that
+    declares every kwarg it may pass; ours take the few they use plus ``**_``, as kopf allows."""
+    return handler
 
 
 def index_name(kind: str) -> str:
@@ -120,7 +124,7 @@ def register_watches(registry: kopf.OperatorRegistry, engine: Engine) -> None:
                 return None
             return {(namespace, pool): podstate.compact(dict(body)) if kind == "Pod" else _cached_child(body)}
 
-        kopf.index(group, version, plural, labels=selector, id=index_name(kind), registry=registry)(index)
+        kopf.index(group, version, plural, labels=selector, id=index_name(kind), registry=registry)(_any(index))
 
         async def changed(labels: kopf.Labels, namespace: str, plural: str = plural, **_: Any) -> None:
             engine.cache_ready()
@@ -129,7 +133,7 @@ def register_watches(registry: kopf.OperatorRegistry, engine: Engine) -> None:
             if pool:
                 await engine.nudge(namespace, pool)
 
-        kopf.on.event(group, version, plural, labels=selector, id=f"child-{plural}", registry=registry)(changed)
+        kopf.on.event(group, version, plural, labels=selector, id=f"child-{plural}", registry=registry)(_any(changed))
 
 
 def build_registry(engine: Engine, cache: WatchCache) -> kopf.OperatorRegistry:
@@ -145,16 +149,13 @@ def build_registry(engine: Engine, cache: WatchCache) -> kopf.OperatorRegistry:
         engine.cache_ready()
         try:
             outcome = await engine.reconcile(namespace, name)
-            if outcome.waiting:
-                await asyncio.sleep(SETTLE_SECONDS)
-                outcome = await engine.reconcile(namespace, name)
         except errors.OperatorError as exc:
             raise to_kopf(exc, settings) from exc
         raise_for(outcome, settings)
         # Nothing is returned: kopf would store a return value under status.
 
     for cause in (kopf.on.create, kopf.on.update, kopf.on.resume):
-        cause(names.GROUP, names.VERSION, names.PLURAL, id="reconcile", registry=registry)(reconcile_pool)
+        cause(names.GROUP, names.VERSION, names.PLURAL, id="reconcile", registry=registry)(_any(reconcile_pool))
 
     @kopf.on.startup(registry=registry)
     async def start_resync(**kwargs: Any) -> None:

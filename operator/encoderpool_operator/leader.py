@@ -89,7 +89,7 @@ class LeaderElector:
         duration = int(round(self.settings.lease_duration_seconds))
         lease = self.client.get("Lease", self.namespace, self.name)
         if lease is None:
-            spec = {"holderIdentity": self.identity, "leaseDurationSeconds": duration,
+            spec: dict[str, Any] = {"holderIdentity": self.identity, "leaseDurationSeconds": duration,
                     "acquireTime": now, "renewTime": now, "leaseTransitions": 0}
             try:
                 self.client.create("Lease", self.namespace, self._lease(spec))

@@ -99,7 +99,12 @@ def run(settings: OperatorSettings) -> None:
         if elector is not None:
             if not elector.acquire(standby_stop):
                 return
-            elector.start_renewing(standby_stop, on_lost=lambda: (lost.set(), _exit_soon()))
+
+            def on_lost() -> None:
+                lost.set()
+                _exit_soon()
+
+            elector.start_renewing(standby_stop, on_lost=on_lost)
         else:
             metrics.leader.set(1)
         run_kopf(settings, client, metrics)

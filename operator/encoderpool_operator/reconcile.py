@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from encoderpool_operator import names, status
 from encoderpool_operator.children import KINDS, OPTIONAL_KINDS, Desired, desired_children
-from encoderpool_operator.conditions import merge_patch
+from encoderpool_operator.conditions import Event, merge_patch
 from encoderpool_operator.diff import applied_hash, first_difference, up_to_date, without
 from encoderpool_operator.errors import ConflictError, InvalidSpecError, NotFoundError, RejectedError
 from encoderpool_operator.settings import OperatorSettings
@@ -54,7 +54,7 @@ class Client(Protocol):
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """Pods matching a label selector."""
 
-    def post_event(self, obj: dict[str, Any], event: status.Event) -> None:
+    def post_event(self, obj: dict[str, Any], event: Event) -> None:
         """Post an Event about obj (best effort)."""
 
 
@@ -78,7 +78,7 @@ class Outcome:
 
     found: bool
     status: dict[str, Any] = field(default_factory=dict)
-    events: list[status.Event] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
     failed: str | None = None  # InvalidSpec/ApplyFailed message: retrying the same spec is futile
     waiting: str | None = None  # children not settled yet: retry soon
     writes: int = 0  # applies, deletes and status patches made
@@ -196,7 +196,7 @@ def not_in_effect(desired: Desired, sts: dict[str, Any] | None, previous: dict[s
     return paths, notes
 
 
-def _write(client: Client, body: dict[str, Any], previous: dict[str, Any], new: dict[str, Any]) -> tuple[list[status.Event], int]:
+def _write(client: Client, body: dict[str, Any], previous: dict[str, Any], new: dict[str, Any]) -> tuple[list[Event], int]:
     """Patch status when it changed; post an Event when its reason changed."""
     name, namespace, _, _ = identity(body)
     patch = merge_patch(previous, new)

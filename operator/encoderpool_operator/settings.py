@@ -7,6 +7,7 @@ of ``encoderpool-operator``; the flag wins.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -60,7 +61,7 @@ class OperatorSettings(BaseSettings):
         5.0,
         gt=0,
         le=600,
-        description="Retry delay while the StatefulSet controller has not observed our last write.",
+        description="Retry delay after a temporary error (a conflict, an API server that did not answer).",
     )
     request_timeout_seconds: float = Field(
         30.0, gt=0, le=600, description="Timeout of each request to the API server."
@@ -111,7 +112,7 @@ class SettingsError(SystemExit):
     """A bad setting: stops the process with a message naming the variable and the bound."""
 
 
-def _describe(err: dict[str, Any]) -> str:
+def _describe(err: Mapping[str, Any]) -> str:
     if not err.get("loc"):  # a relation between settings: the message names them
         return f"invalid settings: {str(err['msg']).removeprefix('Value error, ')}"
     name = str(err["loc"][0])

@@ -4,6 +4,7 @@ the pod's readiness probe decides Ready, exits show up as the kubelet would repo
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -112,9 +113,10 @@ def test_exiting_container_crash_loops_with_restart_count(k8s_cluster: Cluster, 
     with k8s_cluster.api() as api:
         api.create(path_for("v1", "pods", namespace),
                    local_pod("crasher", [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"]))
+        # (A pod starting up waits in ContainerCreating for a moment: the back-off is the state to wait for.)
         pod = wait_for_pod(api, namespace, "crasher",
-                           lambda p: "waiting" in (p["status"].get("containerStatuses") or [{}])[0].get("state", {}),
-                           30, "in back-off")
+                           lambda p: (p["status"].get("containerStatuses") or [{}])[0].get("state", {})
+                           .get("waiting", {}).get("reason") == "CrashLoopBackOff", 30, "in back-off")
     status = pod["status"]["containerStatuses"][0]
     assert status["state"]["waiting"]["reason"] == "CrashLoopBackOff"
     assert status["restartCount"] >= 1
@@ -210,3 +212,88 @@ def test_failing_liveness_probe_restarts_the_container(k8s_cluster: Cluster, nam
     terminated = pod["status"]["containerStatuses"][0]["lastState"]["terminated"]
     assert "Liveness probe failed" in terminated["message"]
     assert terminated["exitCode"] == 143  # SIGTERM, reported as 128 + 15
+
+
+TERM_SCRIPT = """
+import os, signal, sys, time
+log = os.environ["LOG"]
+def note(what):
+    with open(log, "a") as f:
+        f.write(f"{time.time():.3f} {what}\\n")
+def on_term(*_):
+    note("SIGTERM")
+    if os.environ.get("IGNORE_TERM") != "1":
+        sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+note("started")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def lines(path: Path) -> list[tuple[float, str]]:
+    if not path.exists():
+        return []
+    return [(float(t), what) for t, what in (line.split(" ", 1) for line in path.read_text().splitlines())]
+
+
+@pytest.mark.parametrize("ignore_term", [False, True], ids=["exits-on-sigterm", "ignores-sigterm"])
+def test_a_deleted_pod_gets_its_prestop_then_sigterm_then_sigkill_at_the_grace_period(
+        k8s_cluster: Cluster, namespace: str, tmp_path: Path, ignore_term: bool) -> None:
+    log = tmp_path / "events.log"
+    pod = local_pod("term", [sys.executable, "-c", TERM_SCRIPT],
+                    env=[{"name": "LOG", "value": str(log)}, {"name": "IGNORE_TERM", "value": "1" if ignore_term else "0"}],
+                    lifecycle={"preStop": {"sleep": {"seconds": 2}}})
+    pod["spec"]["terminationGracePeriodSeconds"] = 4
+    with k8s_cluster.api() as api:
+        api.create(path_for("v1", "pods", namespace), pod)
+        running = wait_for_pod(api, namespace, "term", lambda p: "running" in (
+            (p["status"].get("containerStatuses") or [{}])[0].get("state") or {}), 30, "running")
+        pid = container_pid(running)
+        wait_for(lambda: lines(log), 10, "the process to start")
+        deleted = time.time()
+        api.delete(path_for("v1", "pods", namespace, "term"))
+        wait_gone(api, path_for("v1", "pods", namespace, "term"), 30)
+        gone = time.time()
+    events = dict((what, t) for t, what in lines(log))
+    assert "SIGTERM" in events, lines(log)
+    # The kubelet's order: the preStop hook (2 s) first, SIGTERM after it, ...
+    assert events["SIGTERM"] - deleted >= 1.9, f"SIGTERM {events['SIGTERM'] - deleted:.1f}s after the deletion"
+    if ignore_term:
+        # ... and SIGKILL once the grace period (4 s, counted from the deletion) is over.
+        assert gone - deleted >= 3.9, f"gone {gone - deleted:.1f}s after the deletion"
+    else:
+        assert gone - deleted < 3.9, "a process that exits on SIGTERM does not wait out the grace period"
+    assert not pid_alive(pid)
+
+
+def test_volumes_are_directories_and_paths_under_mounts_are_moved(
+        k8s_cluster: Cluster, namespace: str, tmp_path: Path) -> None:
+    shared = tmp_path / "pv"
+    shared.mkdir()
+    script = "import os, pathlib; [pathlib.Path(p).write_text(os.environ['POD']) for p in os.environ['OUT'].split(',')]"
+    with k8s_cluster.api() as api:
+        api.create(path_for("v1", "persistentvolumes"), {
+            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{namespace}-pv"},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+                     "hostPath": {"path": str(shared)}}})
+        api.create(path_for("v1", "persistentvolumeclaims", namespace), {
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"},
+            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": f"{namespace}-pv",
+                     "resources": {"requests": {"storage": "1Gi"}}}})
+        pod = local_pod("vols", [sys.executable, "-c", script],
+                        env=[{"name": "POD", "value": "vols"},
+                             {"name": "OUT", "value": "/data/from-pod,/scratch/in-empty-dir"}],
+                        volumeMounts=[{"name": "data", "mountPath": "/data"}, {"name": "scratch", "mountPath": "/scratch"}])
+        pod["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+                                  {"name": "scratch", "emptyDir": {}}]
+        pod["spec"]["restartPolicy"] = "Never"
+        try:
+            api.create(path_for("v1", "pods", namespace), pod)
+            done = wait_for_pod(api, namespace, "vols", lambda p: p["status"].get("phase") in ("Succeeded", "Failed"),
+                                60, "finished")
+            assert done["status"]["phase"] == "Succeeded", done["status"]
+            assert (shared / "from-pod").read_text() == "vols", "the claim is the bound volume's directory"
+            assert not Path("/data/from-pod").exists() and not Path("/scratch").exists()
+        finally:
+            api.delete(path_for("v1", "persistentvolumes", name=f"{namespace}-pv"))

@@ -132,7 +132,8 @@ def test_a_stalled_rollout_passes_its_progress_deadline(pools: Pools, cordon: An
 
     pool = pools.wait("stalls", stalled, 90, "ProgressDeadlineExceeded")
     took = time.monotonic() - began
-    assert took >= 30, f"reported after {took:.0f}s, before its 30 s deadline"
+    # lastProgressTime has whole seconds, so the deadline can pass up to 1 s early.
+    assert took >= 29, f"reported after {took:.0f}s, before its 30 s deadline"
     assert pool["status"]["reason"] == "Unschedulable", "the pod's own problem is the headline"
     assert "no progress for over 30s" in condition(pool, "Progressing")["message"]  # type: ignore[index]
     print(f"\nrollout stalled (nodes cordoned): ProgressDeadlineExceeded {took:.1f}s after the spec change "

@@ -50,7 +50,11 @@ MATRIX = {
     "not an image": ({"mm_items": [_b64(b"hello, this is certainly not an image file")]}, 400, ["mm_items[0]", "not a decodable image"]),
     "truncated png": ({"mm_items": [_b64(_png_bytes(128, 128)[:300])]}, 400, ["mm_items[0]", "truncated"]),
     "header bomb": ({"mm_items": [_b64(_header_bomb())]}, 400, ["mm_items[0]", "pixels"]),
-    "url when fetching is off": ({"mm_items": ["http://127.0.0.1:9/x.png"]}, 400, ["mm_items[0]", "ENCODER_ALLOW_URL_FETCH"]),
+    "url to a loopback host": ({"mm_items": ["http://127.0.0.1:9/x.png"]}, 400, ["mm_items[0]", "loopback", "ALLOWED_MEDIA_DOMAINS"]),
+    "url to cloud metadata": ({"mm_items": ["http://169.254.169.254/latest"]}, 400, ["mm_items[0]", "link-local"]),
+    "malformed content_hash": ({"mm_items": [{"url": GOOD, "content_hash": "sha256:xyz"}]}, 400, ["mm_items[0]", "content_hash"]),
+    "content_hash mismatch": ({"mm_items": [GOOD, {"url": GOOD, "content_hash": "sha256:" + "0" * 64}]}, 400,
+                              ["mm_items[1]", "content hash mismatch"]),
     "file path when refused": ({"mm_items": ["/etc/passwd"]}, 400, ["mm_items[0]", "ALLOWED_LOCAL_MEDIA_PATH"]),
     "part_idx >= num_parts": ({"num_parts": 2, "part_idx": 2}, 400, ["part_idx"]),
     "negative num_parts": ({"num_parts": -1}, 400, ["num_parts"]),
@@ -131,8 +135,7 @@ def test_url_and_file_sources_follow_policy(tiny_model, media_root: Path):
     with MediaHost() as host:
         host.release()
         env = {
-            "ENCODER_ALLOW_URL_FETCH": "true",
-            "ENCODER_ALLOWED_URL_HOSTS": "127.0.0.1",
+            "ENCODER_ALLOWED_MEDIA_DOMAINS": "127.0.0.1",  # loopback: the tests opt in by listing it
             "ENCODER_ALLOWED_LOCAL_MEDIA_PATH": str(media_root),
         }
         with EncoderServer(tiny_model("qwen2_vl"), env=env) as srv:
@@ -140,7 +143,7 @@ def test_url_and_file_sources_follow_policy(tiny_model, media_root: Path):
             assert ok.status_code == 200, ok.text
             port = host.base_url.rsplit(":", 1)[1]
             other = encode(srv.base_url, "url-other", [f"http://localhost:{port}/img/50x40.png"])
-            assert other.status_code == 400 and "ALLOWED_URL_HOSTS" in other.json()["message"]
+            assert other.status_code == 400 and "ALLOWED_MEDIA_DOMAINS" in other.json()["message"]
             assert encode(srv.base_url, "file-ok", [str(media_root / "ok.png")]).status_code == 200
             assert encode(srv.base_url, "file-rel", ["file://ok.png"]).status_code == 200
             for i, path in enumerate([str(media_root / ".." / "secret.png"), str(media_root / "link.png"), "/etc/hostname"]):

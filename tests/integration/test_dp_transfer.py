@@ -26,7 +26,7 @@ IMAGE = png_data_uri(64, 48, seed=1)
 
 @pytest.fixture(scope="module")
 def scheduler_pod(tiny_model) -> Iterator[EncoderServer]:
-    env = {"ENCODER_ENCODER_TRANSFER_BACKEND": "zmq_to_scheduler", "ENCODER_SEND_TIMEOUT": "3"}
+    env = {"ENCODER_TRANSFER_BACKEND": "zmq_to_scheduler", "ENCODER_SEND_TIMEOUT": "3", "ENCODER_WIRE_FORMAT": "encoderpool"}
     with EncoderServer(tiny_model("qwen2_vl"), env=env, args=["--dp-size", "2"]) as server:
         yield server
 

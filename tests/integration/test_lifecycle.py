@@ -17,7 +17,8 @@ import pytest
 
 from encoder_pod.errors import NotReady
 from encoder_pod.models.registry import load_adapter
-from encoder_pod.runtime import EncoderRuntime, State
+from encoder_pod.readiness import ReplicaState as State
+from encoder_pod.runtime import EncoderRuntime
 from encoder_pod.settings import load_settings
 from tests.integration.encode_client import encode
 from tests.support.media_host import MediaHost

@@ -35,7 +35,8 @@ def _settled(pid: int) -> tuple[int, int]:
 
 def test_dead_receiver_fails_fast_and_leaks_nothing(tiny_model):
     env = {
-        "ENCODER_ENCODER_TRANSFER_BACKEND": "zmq_to_tokenizer",
+        "ENCODER_TRANSFER_BACKEND": "zmq_to_tokenizer",
+        "ENCODER_WIRE_FORMAT": "encoderpool",  # the live receiver below is encoder_pod.receiver
         "ENCODER_SEND_TIMEOUT": str(SEND_TIMEOUT),
         "ENCODER_TRANSFER_MAX_SOCKETS": "8",
         "ENCODER_TRANSFER_SOCKET_IDLE_S": str(IDLE_S),

@@ -125,7 +125,7 @@ def test_async_receiver_survives_malformed_frames_and_expires_requests():
 
 def test_transfer_delivers_parts_and_errors_to_the_receiver():
     async def main():
-        transfer = ZmqTransfer(load_settings(env={"ENCODER_SEND_TIMEOUT": "5"}).transfer, TransferBackend.ZMQ_TO_TOKENIZER)
+        transfer = ZmqTransfer(load_settings(env={"ENCODER_SEND_TIMEOUT": "5", "ENCODER_WIRE_FORMAT": "encoderpool"}).transfer, TransferBackend.ZMQ_TO_TOKENIZER)
         try:
             async with AsyncEmbeddingReceiver() as rx:
                 emb = torch.randn(4, 8, dtype=torch.bfloat16)

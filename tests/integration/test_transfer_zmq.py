@@ -21,7 +21,7 @@ IMAGES = [png_data_uri(64, 48, seed=1), png_data_uri(32, 96, seed=2), png_data_u
 
 
 def _server(model, backend: str, send_timeout: str = "3") -> EncoderServer:
-    env = {"ENCODER_ENCODER_TRANSFER_BACKEND": backend, "ENCODER_SEND_TIMEOUT": send_timeout}
+    env = {"ENCODER_TRANSFER_BACKEND": backend, "ENCODER_SEND_TIMEOUT": send_timeout, "ENCODER_WIRE_FORMAT": "encoderpool"}
     return EncoderServer(model, env=env)
 
 

@@ -59,7 +59,8 @@ class EncoderServer:
             try:
                 self.wait_status("/health", 200, timeout)
             except BaseException:
-                self.stop()  # a server that never got ready must not outlive the test
+                # `with EncoderServer(...)` never reaches __exit__ when start fails: stop it here.
+                self.stop(signal.SIGKILL, timeout=10)
                 raise
         return self
 

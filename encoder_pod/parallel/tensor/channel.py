@@ -20,27 +20,28 @@ SRC = 0
 
 
 class Channel:
-    """Broadcasts on the default process group; tensors travel on ``device`` (cuda for nccl)."""
+    """Broadcasts on the group's serving process group; tensors travel on ``device`` (cuda for nccl)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, group: dist.ProcessGroup) -> None:
         self.device = device
+        self.group = group
 
     def send(self, header: Header, tensors: Mapping[str, torch.Tensor]) -> None:
         """Rank 0: the header, then each tensor it names, in order."""
         payload = torch.frombuffer(bytearray(header.encode()), dtype=torch.uint8)
-        dist.broadcast(torch.tensor([payload.numel()], dtype=torch.int64, device=self.device), SRC)
-        dist.broadcast(payload.to(self.device), SRC)
+        dist.broadcast(torch.tensor([payload.numel()], dtype=torch.int64, device=self.device), SRC, group=self.group)
+        dist.broadcast(payload.to(self.device), SRC, group=self.group)
         for meta in header.tensors:
-            dist.broadcast(tensors[meta.key].to(self.device).contiguous(), SRC)
+            dist.broadcast(tensors[meta.key].to(self.device).contiguous(), SRC, group=self.group)
 
     def receive_header(self) -> Header:
         """Followers: the next header."""
         size = torch.zeros(1, dtype=torch.int64, device=self.device)
-        dist.broadcast(size, SRC)
+        dist.broadcast(size, SRC, group=self.group)
         if not 0 < int(size.item()) <= 1 << 24:
             raise WireError(f"header of {int(size.item())} bytes")
         payload = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
-        dist.broadcast(payload, SRC)
+        dist.broadcast(payload, SRC, group=self.group)
         return Header.decode(payload.cpu().numpy().tobytes())
 
     def receive_tensors(self, metas: tuple[TensorMeta, ...]) -> dict[str, torch.Tensor]:
@@ -48,7 +49,7 @@ class Channel:
         tensors = {}
         for meta in metas:
             tensor = torch.empty(meta.shape, dtype=getattr(torch, meta.dtype), device=self.device)
-            dist.broadcast(tensor, SRC)
+            dist.broadcast(tensor, SRC, group=self.group)
             tensors[meta.key] = tensor
         return tensors
 

@@ -19,6 +19,9 @@ import sys
 import threading
 
 from encoder_pod.exitcodes import ExitCode
+from encoder_pod.parallel.tensor.messages import FollowerSpec, Header, Op, WireError, rank_dir
+from encoder_pod.profiling import TorchProfiler
+from encoder_pod.settings import EncoderSettings
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +45,6 @@ def main(argv: list[str]) -> int:
     # Ctrl-C reaches the whole process group; rank 0 decides how the group stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watch_leader(pipe_fd)
-    from encoder_pod.parallel.tensor.messages import FollowerSpec
-    from encoder_pod.settings import EncoderSettings
-
     spec = FollowerSpec.from_json(spec_json)
     settings = EncoderSettings.model_validate_json(spec.settings_json)
     logging.basicConfig(
@@ -58,18 +58,14 @@ def main(argv: list[str]) -> int:
 class Follower:
     """One follower's loop."""
 
-    def __init__(self, spec: "FollowerSpec", settings: "EncoderSettings") -> None:  # noqa: F821 - lazy imports
+    def __init__(self, spec: FollowerSpec, settings: EncoderSettings) -> None:
         self.spec = spec
         self.settings = settings
         self.steps = 0
-        self.profiler: "TorchProfiler | None" = None  # noqa: F821 - lazy import
+        self.profiler: TorchProfiler | None = None
 
-    def _profile(self, header: "Header") -> None:  # noqa: F821 - lazy import
+    def _profile(self, header: Header) -> None:
         """PROFILE_START / PROFILE_STOP: no collective, so a local failure leaves the group in step."""
-        from encoder_pod.parallel.tensor.group import rank_dir
-        from encoder_pod.parallel.tensor.messages import Op
-        from encoder_pod.profiling import TorchProfiler
-
         if self.profiler is None:
             self.profiler = TorchProfiler()
         try:
@@ -86,16 +82,15 @@ class Follower:
 
     def run(self) -> int:
         """Join, then follow; returns the exit code."""
+        # torch and the model stack load here, after the leader watch is up (they take seconds).
         import torch
 
         from encoder_pod.models.base import PreparedBatch
         from encoder_pod.parallel.tensor.member import is_collective_failure, join, leave, open_store
-        from encoder_pod.parallel.tensor.messages import Op, WireError
 
         if self.settings.model.num_threads:
             torch.set_num_threads(self.settings.model.num_threads)
-        timeout = self.settings.parallel.tp_collective_timeout
-        store = open_store(self.spec.rank, self.spec.tp_size, self.spec.store_port, timeout)
+        store = open_store(self.spec.rank, self.spec.tp_size, self.spec.store_port)
         adapter, channel = join(self.settings, store, self.spec.rank)
         expected = 0
         while True:

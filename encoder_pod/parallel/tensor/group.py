@@ -39,7 +39,7 @@ from encoder_pod.modality import Modality
 from encoder_pod.models.base import BaseAdapter, EncodedPart, MediaItem, PreparedBatch, warm_up
 from encoder_pod.parallel.tensor.channel import Channel, metas_of
 from encoder_pod.parallel.tensor.member import is_collective_failure, join, leave, open_store
-from encoder_pod.parallel.tensor.messages import FollowerSpec, Header, Op
+from encoder_pod.parallel.tensor.messages import FollowerSpec, Header, Op, rank_dir
 from encoder_pod.profiling import ProfileOptions, TorchProfiler
 from encoder_pod.settings import EncoderSettings, ModelSettings
 
@@ -47,11 +47,6 @@ log = logging.getLogger(__name__)
 
 STOP_WAIT_S = 10.0
 """How long stopped followers get to leave the process group before they are killed."""
-
-
-def rank_dir(rank: int) -> str:
-    """Where tensor-parallel rank ``rank`` writes its trace, under the profile's output_dir."""
-    return f"tp-rank-{rank}"
 
 
 class TensorParallelGroup:
@@ -83,7 +78,7 @@ class TensorParallelGroup:
         """
         assert model == self.settings.model, "a group serves the settings it was made with"
         parallel = self.settings.parallel
-        store = open_store(0, parallel.tp_size, 0, parallel.tp_collective_timeout)
+        store = open_store(0, parallel.tp_size, 0)
         self._start_followers(store.port)
         adapter, self._channel = join(self.settings, store, 0)
         self._serving = True
@@ -168,9 +163,8 @@ class TensorParallelGroup:
                 self._count_profiled_step()
 
     # --- profiling --------------------------------------------------------------------------
-    def start_profile(self, options: dict[str, Any]) -> dict[str, Any]:
-        """Every rank starts its profiler, in dispatch order (rank 0 validates before broadcasting)."""
-        opts = ProfileOptions.parse(options)  # a malformed body never reaches a follower
+    def start_profile(self, opts: ProfileOptions) -> dict[str, Any]:
+        """Every rank starts its profiler, in dispatch order (options validated before any broadcast)."""
         tp_size = self.settings.parallel.tp_size
         with self._lock:
             if self._closing.is_set():
@@ -287,10 +281,9 @@ class GroupProfiler:
         return self._group.profiling
 
     def start(self, options: dict[str, Any] | ProfileOptions) -> dict[str, Any]:
-        """Broadcast PROFILE_START, start rank 0's profiler."""
-        if isinstance(options, ProfileOptions):
-            options = {**vars(options), "activities": list(options.activities)}
-        return self._group.start_profile(options)
+        """Broadcast PROFILE_START, start rank 0's profiler (a malformed body never reaches a follower)."""
+        opts = options if isinstance(options, ProfileOptions) else ProfileOptions.parse(options)
+        return self._group.start_profile(opts)
 
     def step(self) -> None:
         """Counted by the group."""

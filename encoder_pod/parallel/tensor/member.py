@@ -1,8 +1,12 @@
 """What every rank of a tensor-parallel group does to join it: process group, model, shards.
 
 Rank 0 hosts the rendezvous store (a TCPStore on a free loopback port, so there is no port race)
-and passes its port to the followers it starts. The process group's timeout bounds every
-collective: a rank that dies or hangs turns into an error on the others, never a hang forever.
+and passes its port to the followers it starts. Joining (rendezvous, loading the tower, the
+barrier before sharding) is bounded by :data:`JOIN_TIMEOUT_S`: interpreter start and weight
+loading take as long as they take on a busy host. Everything after it (sharding, every forward,
+every broadcast) runs on a process group of its own whose timeout is
+``ENCODER_TP_COLLECTIVE_TIMEOUT``: a rank that dies or hangs while serving turns into an error
+on the others within that bound, never a hang forever.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
 from encoder_pod.models.base import BaseAdapter
 from encoder_pod.models.registry import load_adapter, resolve_device
@@ -26,6 +30,9 @@ log = logging.getLogger(__name__)
 
 STORE_HOST = "127.0.0.1"
 """A group never leaves its pod: every rank is a process on this machine."""
+
+JOIN_TIMEOUT_S = 600.0
+"""How long the ranks of a group may take to meet and load their weights (not a serving bound)."""
 
 
 def backend_for(device: torch.device) -> str:
@@ -43,10 +50,10 @@ def rank_device(model: ModelSettings, rank: int) -> torch.device:
     return device
 
 
-def open_store(rank: int, tp_size: int, port: int, timeout_s: float) -> dist.TCPStore:
+def open_store(rank: int, tp_size: int, port: int) -> dist.TCPStore:
     """The rendezvous store: rank 0 serves it (port 0 picks a free one), followers connect."""
     return dist.TCPStore(
-        STORE_HOST, port, tp_size, is_master=rank == 0, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+        STORE_HOST, port, tp_size, is_master=rank == 0, timeout=timedelta(seconds=JOIN_TIMEOUT_S), wait_for_workers=False
     )
 
 
@@ -55,6 +62,7 @@ def join(settings: EncoderSettings, store: dist.Store, rank: int) -> tuple[BaseA
 
     Every rank calls this in the same order: sharding distributes parameters collectively.
     """
+    # The default group only joins (generous timeout); serving runs on ``serving`` (collective timeout).
     tp_size = settings.parallel.tp_size
     device = rank_device(settings.model, rank)
     if device.type == "cpu":
@@ -66,7 +74,7 @@ def join(settings: EncoderSettings, store: dist.Store, rank: int) -> tuple[BaseA
         store=store,
         rank=rank,
         world_size=tp_size,
-        timeout=timedelta(seconds=settings.parallel.tp_collective_timeout),
+        timeout=timedelta(seconds=JOIN_TIMEOUT_S),
         device_id=device if device.type == "cuda" else None,
     )
     adapter = load_adapter(settings.model)
@@ -75,10 +83,13 @@ def join(settings: EncoderSettings, store: dist.Store, rank: int) -> tuple[BaseA
         check_shardable(model, tp_size)
     except NotShardable as exc:
         raise RuntimeError(f"cannot split {adapter.name} over ENCODER_TP_SIZE={tp_size}: {exc}") from None
-    mesh = init_device_mesh(device.type, (tp_size,))
+    dist.barrier()  # every rank loaded: from here on the ranks move in step
+    serving = dist.new_group(list(range(tp_size)), timeout=timedelta(seconds=settings.parallel.tp_collective_timeout))
+    assert isinstance(serving, dist.ProcessGroup)  # every rank is a member
+    mesh = DeviceMesh.from_group(serving, device.type)
     shard_tower(model, mesh)
     log.info("rank %d of %d: %s sharded on %s", rank, tp_size, adapter.name, device)
-    return adapter, Channel(device)
+    return adapter, Channel(device, serving)
 
 
 def tower_of(adapter: BaseAdapter) -> Any:

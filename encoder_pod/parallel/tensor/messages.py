@@ -28,6 +28,11 @@ DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "uint8", "bool")
 MAX_DIMS = 8
 
 
+def rank_dir(rank: int) -> str:
+    """Where tensor-parallel rank ``rank`` writes its trace, under the profile's output_dir."""
+    return f"tp-rank-{rank}"
+
+
 @dataclass(frozen=True)
 class FollowerSpec:
     """Everything a follower needs, as plain values (its command-line argument is the JSON)."""

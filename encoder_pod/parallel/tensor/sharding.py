@@ -16,8 +16,6 @@ reshapes as ``(seq, 3, num_heads / T, head_dim)``; ``num_heads`` is then set to 
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -133,12 +131,5 @@ def shard_tower(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
         parallelize_module(block, mesh, {**attn_plan, **mlp_plan})
         # The attention code reshapes by num_heads (Qwen) or by head_dim with -1 heads (CLIP):
         # either way the local module now holds heads / T of them.
-        attn.num_heads = heads // tp_size
+        setattr(attn, "num_heads", heads // tp_size)  # noqa: B010 - a plain int attribute of an HF module
     return model
-
-
-def sharded_parameters(model: nn.Module) -> dict[str, Any]:
-    """Name -> placements of every parameter split over the mesh (for /server_info and tests)."""
-    from torch.distributed.tensor import DTensor
-
-    return {name: str(p.placements) for name, p in model.named_parameters() if isinstance(p, DTensor)}

@@ -60,10 +60,10 @@ def test_paths_refused_without_root_and_confined_with_it(tmp_path):
             src.fetch(bad)
 
 
-def test_urls_refused_unless_allowed():
+def test_urls_refused_when_fetching_is_off_or_the_host_is_not_allowed():
     with pytest.raises(SourceError, match="ENCODER_ALLOW_URL_FETCH"):
-        _sources().fetch("https://example.com/a.png")
-    src = _sources(ENCODER_ALLOW_URL_FETCH="1", ENCODER_ALLOWED_URL_HOSTS="good.example,127.0.0.1")
+        _sources(ENCODER_ALLOW_URL_FETCH="false").fetch("https://example.com/a.png")
+    src = _sources(ENCODER_ALLOWED_MEDIA_DOMAINS="good.example,127.0.0.1")
     with pytest.raises(SourceError, match="evil.example"):
         src.fetch("https://evil.example/a.png")
     # An allowed host that does not answer (nothing listens on the discard port): the item's fault.

@@ -47,7 +47,12 @@ def test_nested_items_and_dict_items_are_flattened():
         ({"embedding_port": 70000}, ["'embedding_port'", "1..65535"]),
         ({"embedding_port": []}, ["'embedding_port'"]),
         ({"embedding_port": [1, True]}, ["'embedding_port'"]),
-        ({"hashes": "abc"}, ["'hashes'"]),
+        ({"hashes": {"a": 1}}, ["'hashes'", "list, a string or an integer"]),
+        ({"hashes": 1.5}, ["'hashes'"]),
+        ({"mm_items": [{"url": "a.png", "content_hash": "md5:abc"}]}, ["mm_items[0]", "sha256:<64 hex digits>"]),
+        ({"mm_items": ["a", {"url": "b", "content_hash": "sha256:" + "g" * 64}]}, ["mm_items[1]", "content_hash"]),
+        ({"mm_items": [{"url": "a.png", "content_hash": 7}]}, ["mm_items[0]", "content_hash"]),
+        ({"mm_items": [{"detail": "high"}]}, ["mm_items[0]", "without 'url'"]),
         ({"prefill_host": 5}, ["'prefill_host'"]),
     ],
 )
@@ -58,6 +63,21 @@ def test_rejections_name_field(change, words):
     assert info.value.http_status == 400
     for word in words:
         assert word in info.value.message
+
+
+def test_dict_items_as_sglang_sends_them_keep_options_and_a_normalised_content_hash():
+    digest = "AB" * 32
+    items = [{"url": "http://img/b.png", "content_hash": f" SHA256:{digest} ", "detail": "high", "max_pixels": 1000,
+              "preprocess_kwargs": {"min_pixels": 4}, "max_dynamic_patch": 4}, "http://img/a.png"]
+    req = parse_encode_request({**BASE, "mm_items": items})
+    first, second = req.items
+    assert first.content_hash == "sha256:" + digest.lower() and second.content_hash is None
+    assert first.options == {"detail": "high", "max_pixels": 1000, "preprocess_kwargs": {"min_pixels": 4}, "max_dynamic_patch": 4}
+
+
+@pytest.mark.parametrize("hashes, carried", [(["h0", "h1"], ("h0", "h1")), ("h", ("h",)), (42, (42,)), (None, None)])
+def test_hashes_are_carried_in_every_form_sglang_accepts(hashes, carried):
+    assert parse_encode_request({**BASE, "hashes": hashes}).hashes == carried
 
 
 def test_non_object_body():

@@ -23,8 +23,9 @@ def test_defaults_match_contract():
     s = load_settings(env={})
     assert (s.batching.max_batch_size, s.batching.max_wait_ms, s.admission.req_timeout, s.media.mm_load_workers) == (8, 0, 180, 4)
     assert (s.parallel.dp_worker_max_inflight, s.transfer.send_timeout, s.model.image_processor_use_gpu) == (64, 180, False)
-    assert s.media.allow_url_fetch is False and s.media.allowed_local_media_path is None
-    assert s.transfer.encoder_transfer_backend is TransferBackend.INLINE and s.server.port == 30000
+    assert s.media.allow_url_fetch is True and s.media.allowed_media_domains == [] and not s.media.allow_private_media_hosts
+    assert s.media.allowed_local_media_path is None
+    assert s.transfer.transfer_backend is TransferBackend.AUTO and s.server.port == 30000
 
 
 def test_sglang_alias_and_encoder_name_wins():
@@ -37,10 +38,25 @@ def test_sglang_alias_and_encoder_name_wins():
 def test_cli_overrides_env():
     parser = argparse.ArgumentParser()
     add_settings_arguments(parser)
-    args = parser.parse_args(["--max-batch-size", "16", "--allow-url-fetch", "--encoder-transfer-backend", "zmq_to_scheduler"])
+    args = parser.parse_args(["--max-batch-size", "16", "--no-allow-url-fetch", "--encoder-transfer-backend", "zmq_to_scheduler",
+                              "--encoder-register-urls", "http://p0:8997", "http://p1:8997/", "--allowed-media-domains", "a.example"])
     s = load_settings(cli=vars(args), env={"ENCODER_MAX_BATCH_SIZE": "2"})
-    assert s.batching.max_batch_size == 16 and s.media.allow_url_fetch is True
-    assert s.transfer.encoder_transfer_backend is TransferBackend.ZMQ_TO_SCHEDULER
+    assert s.batching.max_batch_size == 16 and s.media.allow_url_fetch is False
+    assert s.transfer.transfer_backend is TransferBackend.ZMQ_TO_SCHEDULER
+    assert s.server.register_urls == ["http://p0:8997", "http://p1:8997"] and s.media.allowed_media_domains == ["a.example"]
+
+
+def test_transfer_backend_env_and_its_deprecated_doubled_name(caplog):
+    assert load_settings(env={"ENCODER_TRANSFER_BACKEND": "mooncake"}).transfer.transfer_backend is TransferBackend.MOONCAKE
+    assert load_settings(env={"SGLANG_ENCODER_TRANSFER_BACKEND": "inline"}).transfer.transfer_backend is TransferBackend.INLINE
+    with caplog.at_level("WARNING", logger="encoder_pod.settings"):
+        old = load_settings(env={"ENCODER_ENCODER_TRANSFER_BACKEND": "zmq_to_tokenizer"})
+    assert old.transfer.transfer_backend is TransferBackend.ZMQ_TO_TOKENIZER
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "ENCODER_ENCODER_TRANSFER_BACKEND is deprecated" in warning and "ENCODER_TRANSFER_BACKEND" in warning
+    caplog.clear()
+    both = load_settings(env={"ENCODER_ENCODER_TRANSFER_BACKEND": "zmq_to_tokenizer", "ENCODER_TRANSFER_BACKEND": "inline"})
+    assert both.transfer.transfer_backend is TransferBackend.INLINE and not caplog.records  # the current name wins, silently
 
 
 def test_every_field_has_flag_and_docstring():
@@ -67,7 +83,11 @@ def test_names_are_flat_and_unique_across_groups():
         ({"ENCODER_PORT": "70000"}, ["ENCODER_PORT", "le 65535"]),
         ({"ENCODER_REQ_TIMEOUT": "-1"}, ["ENCODER_REQ_TIMEOUT"]),
         ({"SGLANG_ENCODER_MM_LOAD_WORKERS": "many"}, ["ENCODER_MM_LOAD_WORKERS"]),
-        ({"ENCODER_ENCODER_TRANSFER_BACKEND": "rdma"}, ["ENCODER_ENCODER_TRANSFER_BACKEND", "inline"]),
+        ({"ENCODER_TRANSFER_BACKEND": "rdma"}, ["ENCODER_TRANSFER_BACKEND", "--encoder-transfer-backend", "mooncake"]),
+        ({"ENCODER_REGISTER_URLS": "p0:8997"}, ["ENCODER_REGISTER_URLS", "--encoder-register-urls", "http(s)"]),
+        ({"ENCODER_ALLOWED_MEDIA_DOMAINS": "http://a.example"}, ["ENCODER_ALLOWED_MEDIA_DOMAINS", "host name only"]),
+        ({"ENCODER_ALLOWED_MEDIA_DOMAINS": "a.example:8080"}, ["ENCODER_ALLOWED_MEDIA_DOMAINS", "ports"]),
+        ({"ENCODER_ALLOWED_MEDIA_DOMAINS": "a.*.example"}, ["ENCODER_ALLOWED_MEDIA_DOMAINS", "wildcard"]),
         ({"ENCODER_VIDEO_MIN_FRAMES": "10", "ENCODER_VIDEO_MAX_FRAMES": "2"}, ["video_min_frames", "ENCODER_VIDEO_MAX_FRAMES"]),
     ],
 )
@@ -83,17 +103,19 @@ def test_settings_error_is_an_ordinary_exception():
     assert issubclass(SettingsError, Exception) and not issubclass(SettingsError, SystemExit)
 
 
-def test_url_hosts_split():
-    s = load_settings(env={"ENCODER_ALLOWED_URL_HOSTS": "a.example, B.example ,"})
-    assert s.media.allowed_url_hosts == ["a.example", "b.example"]
+def test_media_domains_normalised_as_sglang_does_plus_wildcards():
+    s = load_settings(env={"ENCODER_ALLOWED_MEDIA_DOMAINS": "a.example, B.Example. ,[::1], *.CDN.example, 127.0.0.1 bücher.example"})
+    assert s.media.allowed_media_domains == ["*.cdn.example", "127.0.0.1", "::1", "a.example", "b.example", "xn--bcher-kva.example"]
+    old = load_settings(env={"ENCODER_ALLOWED_URL_HOSTS": "a.example"})  # the earlier name, deprecated
+    assert old.media.allowed_media_domains == ["a.example"]
 
 
 def test_json_round_trip_is_exact():
     """Workers and tensor-parallel ranks rebuild the settings from the JSON their parent sends."""
-    s = load_settings(env={"ENCODER_ALLOWED_URL_HOSTS": "a.example", "ENCODER_ENCODER_TRANSFER_BACKEND": "zmq_to_scheduler",
+    s = load_settings(env={"ENCODER_ALLOWED_MEDIA_DOMAINS": "a.example", "ENCODER_TRANSFER_BACKEND": "zmq_to_scheduler",
                            "ENCODER_TP_SIZE": "2", "ENCODER_MAX_WAIT_MS": "2.5", "ENCODER_ALLOWED_LOCAL_MEDIA_PATH": "/m"})
     again = EncoderSettings.model_validate_json(s.model_dump_json())
-    assert again == s and again.transfer.encoder_transfer_backend is TransferBackend.ZMQ_TO_SCHEDULER
+    assert again == s and again.transfer.transfer_backend is TransferBackend.ZMQ_TO_SCHEDULER
 
 
 def test_settings_are_immutable():

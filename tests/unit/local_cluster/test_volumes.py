@@ -65,6 +65,8 @@ def test_each_volume_kind_becomes_a_directory(tmp_path: Path) -> None:
         ("/cache/huggingface", "{tmp}/volumes/scratch/huggingface"),
         ("http://x/model-cache", "http://x/model-cache"),
         ("0.0.0.0", "0.0.0.0"),
+        ("/model-cache/a:/usr/lib:/models/b", "/pv/hf/a:/usr/lib:/srv/models/b"),
+        ("/model-cache/x,/model-cache/y", "/pv/hf/x,/pv/hf/y"),
     ],
 )
 def test_paths_under_a_mount_are_moved(tmp_path: Path, value: str, moved: str) -> None:

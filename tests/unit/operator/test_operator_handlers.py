@@ -48,9 +48,8 @@ def test_outcomes_map_to_kopf(settings: OperatorSettings) -> None:
     raise_for(Outcome(True, {"reason": "Ready"}), settings)
     with pytest.raises(kopf.PermanentError, match="spec.port"):
         raise_for(Outcome(True, failed="spec.port: too small"), settings)
-    with pytest.raises(kopf.TemporaryError, match="not yet observed") as caught:
-        raise_for(Outcome(True, waiting="not yet observed"), settings)
-    assert caught.value.delay == settings.wait_seconds
+    # Waiting for the StatefulSet controller: its watch event nudges the pool, no kopf retry.
+    raise_for(Outcome(True, waiting="not yet observed"), settings)
 
 
 def test_registry_handles_pools_and_watches_children_without_finalizers(settings: OperatorSettings) -> None:

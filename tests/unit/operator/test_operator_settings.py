@@ -47,3 +47,25 @@ def test_every_setting_has_a_flag_and_a_docstring() -> None:
     for name, info in OperatorSettings.model_fields.items():
         assert name in dests, name
         assert info.description, name
+
+
+def test_leader_election_flags_and_a_refused_timing() -> None:
+    args = vars(build_parser().parse_args(["--leader-election", "false", "--lease-duration-seconds", "30"]))
+    settings = load_settings(cli=args, env={})
+    assert settings.leader_election is False and settings.lease_duration_seconds == 30
+    with pytest.raises(SettingsError, match="invalid settings: leader election needs retry_period_seconds"):
+        load_settings(env={"ENCODERPOOL_OPERATOR_RETRY_PERIOD_SECONDS": "12"})
+
+
+def test_the_lease_identity_and_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    from encoderpool_operator.process import identity, lease_namespace
+
+    monkeypatch.setenv("HOSTNAME", "op-7f9c-abcde")
+    monkeypatch.setenv("POD_NAMESPACE", "encoderpool-system")
+    first, second = identity(load_settings(env={})), identity(load_settings(env={}))
+    assert first.startswith("op-7f9c-abcde_") and first != second, "unique per process, even in one pod"
+    assert identity(load_settings(env={"ENCODERPOOL_OPERATOR_IDENTITY": "me"})) == "me"
+    assert lease_namespace(load_settings(env={})) == "encoderpool-system"
+    assert lease_namespace(load_settings(env={"ENCODERPOOL_OPERATOR_LEASE_NAMESPACE": "ops"})) == "ops"
+    monkeypatch.delenv("POD_NAMESPACE")
+    assert lease_namespace(load_settings(env={"ENCODERPOOL_OPERATOR_NAMESPACES": "ml"})) == "ml"

@@ -15,13 +15,13 @@ from encoder_pod.parallel.messages import (
     ProtocolError,
     Result,
     Status,
-    WorkerState,
+    encode_frames,
     pack,
     request_from_wire,
-    request_to_wire,
     unpack,
 )
 from encoder_pod.protocol import parse_encode_request
+from encoder_pod.readiness import LoadStep, ReplicaState
 
 pytestmark = pytest.mark.unit
 
@@ -33,15 +33,26 @@ BODY = {
 
 
 def test_request_survives_the_wire_exactly():
-    request = parse_encode_request(BODY)
-    msg, _ = unpack(pack(Encode(7, request_to_wire(request))))
+    request = parse_encode_request({**BODY, "mm_items": [*BODY["mm_items"], "caf\u00e9 \ud800"]})
+    frames = encode_frames(7, request)
+    msg, items = unpack(frames)
     assert isinstance(msg, Encode) and msg.call_id == 7
-    assert request_from_wire(msg.request) == request
+    # Each item's source is a raw frame of its own, never inside the msgpack header.
+    assert [bytes(f) for f in items][0] == b"data:image/png;base64,AAAA" and b"AAAA" not in bytes(frames[0])
+    assert request_from_wire(msg.request, items) == request
+
+
+def test_item_frames_must_match_the_items():
+    msg, items = unpack(encode_frames(1, parse_encode_request(BODY)))
+    assert isinstance(msg, Encode)
+    with pytest.raises(ProtocolError, match="item frames"):
+        request_from_wire(msg.request, items[:1])
 
 
 def test_raw_frame_travels_beside_the_header():
-    msg, frames = unpack(pack(Result(1, 3, 9, {"embedding": {"shape": [2, 4]}}, framed=True), b"QUJD"))
-    assert isinstance(msg, Result) and msg.framed and msg.rank == 1 and msg.generation == 3
+    msg, frames = unpack(pack(Result(1, 3, 9, inline={"embedding": {"shape": [2, 4]}}), b"QUJD"))
+    assert isinstance(msg, Result) and msg.inline == {"embedding": {"shape": [2, 4]}} and msg.rank == 1 and msg.generation == 3
+    assert msg.body is None
     assert [bytes(f) for f in frames] == [b"QUJD"]
 
 
@@ -57,8 +68,11 @@ def test_error_keeps_kind_and_status_across_the_boundary():
 def test_enums_come_back_typed():
     call, _ = unpack(pack(Call(1, ControlOp.START_PROFILE, {"num_steps": 2})))
     assert isinstance(call, Call) and call.op is ControlOp.START_PROFILE
-    status, _ = unpack(pack(Status(0, 1, 123, WorkerState.READY, "serving", 1.5, metrics=b"m 1\n")))
-    assert isinstance(status, Status) and status.state is WorkerState.READY and status.metrics == b"m 1\n"
+    status, _ = unpack(pack(Status(0, 1, 123, ReplicaState.READY, None, 1.5, metrics=b"m 1\n")))
+    assert isinstance(status, Status) and status.state is ReplicaState.READY and status.metrics == b"m 1\n"
+    assert status.step is None
+    loading, _ = unpack(pack(Status(0, 1, 123, ReplicaState.LOADING, LoadStep.WARMING_UP, 0.5)))
+    assert isinstance(loading, Status) and loading.step is LoadStep.WARMING_UP
 
 
 @pytest.mark.parametrize(

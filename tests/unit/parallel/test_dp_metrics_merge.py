@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from encoder_pod.parallel.ranked_metrics import DataParallelMetrics, edge_metrics, merge, replica_metrics
+from prometheus_client import CollectorRegistry
+
+from encoder_pod.metrics import EdgeMetrics, ReplicaMetrics, render
+from encoder_pod.parallel.ranked_metrics import DataParallelMetrics, merge
 
 pytestmark = pytest.mark.unit
 
@@ -19,18 +22,18 @@ def _samples(text: str) -> dict[str, float]:
 
 
 def test_merge_labels_worker_samples_by_rank_and_keeps_families_whole():
-    front = edge_metrics()
-    dp = DataParallelMetrics(front)
+    registry = CollectorRegistry()
+    front, dp = EdgeMetrics(registry), DataParallelMetrics(registry)
     front.requests.labels(code="200").inc(3)
     dp.routed.labels(rank="0").inc()
     workers = []
     for rank, batches in ((0, 2), (1, 5)):
-        m = replica_metrics()
+        m = ReplicaMetrics()
         for _ in range(batches):
             m.batch_size.observe(2)
         m.queue_depth.set(rank + 1)
         workers.append((rank, m.render()))
-    text = merge(front.render(), workers).decode()
+    text = merge(render(registry), workers).decode()
     samples = _samples(text)
     assert samples['encoder_requests_total{code="200"}'] == 3
     assert samples['encoder_batch_size_count{rank="0"}'] == 2
@@ -49,7 +52,11 @@ def test_merge_labels_worker_samples_by_rank_and_keeps_families_whole():
 
 
 def test_edge_families_only_in_front_and_replica_families_only_in_workers():
-    front, worker = edge_metrics().render().decode(), replica_metrics().render().decode()
+    registry = CollectorRegistry()
+    EdgeMetrics(registry)
+    DataParallelMetrics(registry)
+    front, worker = render(registry).decode(), ReplicaMetrics().render().decode()
+    assert "encoder_inflight_requests" not in front and "encoder_inflight_requests" in worker
     assert "encoder_request_seconds" in front and "encoder_batch_size" not in front
     assert "encoder_request_seconds" not in worker and "encoder_requests_total" not in worker
     assert "encoder_batch_size" in worker

@@ -12,23 +12,36 @@ from encoder_pod.modality import Modality
 from encoder_pod.models.base import EncodedPart
 from encoder_pod.protocol import EncodeRequest, ItemSpec
 from encoder_pod.receiver.wire import decode_message
-from encoder_pod.settings import SettingsError, TransferSettings, load_settings
+from encoder_pod.settings import SGLANG_RELEASES, SettingsError, TransferSettings, WireFormat, load_settings
 from encoder_pod.transfer.frames import EncoderpoolCodec, codec_for
 from encoder_pod.transfer.tensors import tensor_view
-from encoder_pod.transfer.sglang_frames import RELEASES, SglangCodec
+from encoder_pod.transfer.sglang_frames import MODALITY_EVERY_RELEASE, MODALITY_SINCE_0_5_23, SglangCodec, grid_dim, layout_for
 
 pytestmark = pytest.mark.unit
 
 
-def test_every_accepted_sglang_release_has_a_codec():
-    accepted = [v for v in typing.get_args(TransferSettings.model_fields["wire_format"].annotation) if v.startswith("sglang=")]
-    assert accepted and sorted(v.partition("=")[2] for v in accepted) == sorted(RELEASES)
+def test_every_sglang_version_setting_has_a_layout():
+    accepted = typing.get_args(TransferSettings.model_fields["sglang_version"].annotation)
+    assert accepted == ("auto", *SGLANG_RELEASES)
     for value in accepted:
-        assert codec_for(value).name == value
+        assert codec_for(f"sglang={value}").name == f"sglang={value}"
+    # auto names Modality where every release's allowlist has it; 0.5.23's own encoder uses its new module.
+    assert layout_for("auto").modality_enum == layout_for("0.5.19").modality_enum == MODALITY_EVERY_RELEASE
+    assert layout_for("0.5.23").modality_enum == MODALITY_SINCE_0_5_23
+
+
+def test_wire_defaults_to_sglang_frames_and_the_old_value_still_parses():
+    s = load_settings(env={}).transfer
+    assert (s.wire_format, s.sglang_version) == (WireFormat.SGLANG, "auto")
+    old = load_settings(env={"ENCODER_WIRE_FORMAT": "sglang=0.5.22"}).transfer
+    assert (old.wire_format, old.sglang_version) == (WireFormat.SGLANG, "0.5.22")
+    assert load_settings(env={"ENCODER_WIRE_FORMAT": "encoderpool"}).transfer.wire_format is WireFormat.ENCODERPOOL
 
 
 def test_unknown_release_stops_the_pod_naming_the_variable():
-    with pytest.raises(SettingsError, match="ENCODER_WIRE_FORMAT / --wire-format.*sglang=0.5.23"):
+    with pytest.raises(SettingsError, match="ENCODER_SGLANG_VERSION / --sglang-version.*0.5.23"):
+        load_settings(env={"ENCODER_SGLANG_VERSION": "0.4.0"})
+    with pytest.raises(SettingsError, match="ENCODER_SGLANG_VERSION"):
         load_settings(env={"ENCODER_WIRE_FORMAT": "sglang=0.4.0"})
     with pytest.raises(ValueError, match="unsupported SGLang release"):
         SglangCodec("0.4.0")
@@ -58,3 +71,12 @@ def test_sglang_frames_refuse_an_empty_embedding():
     req = EncodeRequest("e", Modality.IMAGE, (ItemSpec("x"),), 1, 0, "h", 5)
     with pytest.raises(ValueError, match="zero-row"):
         SglangCodec("0.5.23").part_frames(req, EncodedPart(torch.zeros(0, 4), [0], [[]]))
+
+
+def test_grids_are_int64_tensors_and_audio_has_one_length_per_item():
+    image = grid_dim(Modality.IMAGE, EncodedPart(torch.zeros(6, 2), [2, 4], [[1, 2, 4], [1, 4, 4]]))
+    assert image is not None and image.dtype == torch.int64 and image.tolist() == [[1, 2, 4], [1, 4, 4]]
+    assert grid_dim(Modality.IMAGE, EncodedPart(torch.zeros(2, 2), [2], [[]])) is None  # a family without grids
+    audio = grid_dim(Modality.AUDIO, EncodedPart(torch.zeros(3, 2), [2, 1], [[3000, 1200], [800]]))
+    assert audio is not None and audio.tolist() == [4200, 800] and audio.dim() == 1
+    assert grid_dim(Modality.AUDIO, EncodedPart(torch.zeros(3, 2), [2, 1], [[], []])).tolist() == [2, 1]  # type: ignore[union-attr]

@@ -17,6 +17,7 @@ into that directory (longest mountPath first). What each volume becomes:
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -68,15 +69,20 @@ def container_mounts(container: Mapping[str, Any], dirs: Mapping[str, Path]) -> 
     return sorted(mounts, key=lambda m: len(m.container_path), reverse=True)
 
 
-def translate(value: str, mounts: list[Mount]) -> str:
-    """``value`` with a leading mountPath (also after ``--flag=``) moved to its host directory."""
-    prefix, sep, rest = value.partition("=")
-    if sep and rest.startswith("/") and not prefix.startswith("/"):
-        return f"{prefix}={translate(rest, mounts)}"
+def _translate_path(value: str, mounts: list[Mount]) -> str:
     for mount in mounts:
         if value == mount.container_path or value.startswith(mount.container_path + "/"):
             return str(mount.host_path) + value[len(mount.container_path):]
     return value
+
+
+def translate(value: str, mounts: list[Mount]) -> str:
+    """``value`` with each path under a mountPath moved to its host directory: the value itself,
+    after ``--flag=``, and each element of a ``:`` or ``,`` separated list (PATH-like variables)."""
+    prefix, sep, rest = value.partition("=")
+    if sep and rest.startswith("/") and not prefix.startswith("/"):
+        return f"{prefix}={translate(rest, mounts)}"
+    return "".join(_translate_path(part, mounts) for part in re.split(r"([:,])", value))
 
 
 def prepare(mounts: list[Mount]) -> None:
