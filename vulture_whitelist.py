@@ -48,3 +48,4 @@ _.image_processor_use_gpu
 _.thread_type
 _.use_head
 _.num_hidden_layers
+_.pre_tokenizer  # the tiny checkpoints' tokenizers.Tokenizer

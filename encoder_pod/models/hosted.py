@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from encoder_pod.models.base import MediaItem, PreparedBatch
-from encoder_pod.models.parts import FullLayout, Host, host_class
+from encoder_pod.models.parts import FullLayout, host_class
 from encoder_pod.models.vision import VisionAdapter, flatten, image_size, regroup
 
 PROBE_SIZE = (37, 53)
@@ -31,10 +31,10 @@ class HostedImageAdapter(FullLayout, VisionAdapter):
     """Attribute name on the host -> module path in the full model (``vision_tower`` -> ``model.vision_tower``)."""
     methods: ClassVar[Mapping[str, Callable[..., Any]]]
     """The family's unbound ``XModel`` methods the host carries (``get_image_features`` first)."""
-    processor_cls: ClassVar[type]
+    processor_cls: ClassVar[type[Any]]
     """The family's PIL image processor class (loaded by name: no torchvision)."""
 
-    host: Host
+    host: Any  # a Host: transformers modules type their children loosely
     config: Any
 
     @classmethod

@@ -103,7 +103,7 @@ def _part_of(key: str, part_paths: Sequence[str]) -> str | None:
 class FullCheckpoint:
     """A whole ``full_cls`` checkpoint directory, from which chosen parts are read and loaded."""
 
-    def __init__(self, model_dir: Path, full_cls: type, config: Any | None = None) -> None:
+    def __init__(self, model_dir: Path, full_cls: type[Any], config: Any | None = None) -> None:
         self.model_dir = Path(model_dir)
         self.full_cls = full_cls
         self.config = config if config is not None else full_cls.config_class.from_pretrained(self.model_dir)
@@ -136,7 +136,7 @@ class FullCheckpoint:
         if lone is not None:
             return new_parameter(lone.shape, dtype)
         template = self.meta.get_submodule(path)
-        cls = type(template)
+        cls: Any = type(template)
         if isinstance(template, PreTrainedModel):
             config = copy.deepcopy(template.config)
             return empty_model(lambda: cls._from_config(config, dtype=dtype)).eval()
@@ -230,7 +230,7 @@ class FullLayout:
     @classmethod
     def weight_keys(cls, checkpoint: Any, keys: Sequence[str]) -> list[str]:
         """The checkpoint keys this adapter reads (what a download limited to the encoder fetches)."""
-        full = cls.full_class(checkpoint)
+        full: Any = cls.full_class(checkpoint)
         config = full.config_class.from_pretrained(checkpoint.path)
         return plan_keys(full, config, keys, cls.part_paths(checkpoint)).keys()
 

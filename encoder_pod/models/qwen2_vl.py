@@ -74,7 +74,7 @@ def qwen_tokenizer(named: dict[str, str] | None = None) -> Any:
 class _TowerLayout(QwenVisionAdapter):
     """The tower saved on its own."""
 
-    model_cls: ClassVar[type]
+    model_cls: ClassVar[type[Any]]
 
     def _load_tower(self) -> Any:
         model, info = self.model_cls.from_pretrained(self.model_dir, dtype=self.dtype, output_loading_info=True)

@@ -33,7 +33,7 @@ from encoder_pod.errors import MediaError
 from encoder_pod.modality import Modality
 from encoder_pod.models.audio_front import AudioFrontEnd, check_wave
 from encoder_pod.models.base import MediaItem, PreparedBatch
-from encoder_pod.models.parts import FullLayout, Host, host_class
+from encoder_pod.models.parts import FullLayout, host_class
 from encoder_pod.models.qwen_vision import QwenVisionAdapter, VideoTiming
 from encoder_pod.models.vision import regroup
 
@@ -50,7 +50,7 @@ class _OmniAdapter(FullLayout, QwenVisionAdapter):
     audio_method: ClassVar[Callable[..., Any]]
     """The thinker model's (unbound) ``get_audio_features``."""
 
-    audio_host: Host
+    audio_host: Any  # a Host: transformers modules type their children loosely
     audio: AudioFrontEnd
 
     @classmethod

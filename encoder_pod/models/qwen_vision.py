@@ -251,7 +251,7 @@ class QwenVisionAdapter(VisionAdapter):
             frames: list[np.ndarray] = []
             for clip in clips:
                 h, w = self._frame_size(*clip.frames.shape[:3])
-                frames.extend(np.asarray(Image.fromarray(f).resize((w, h), Image.BICUBIC)) for f in clip.frames)
+                frames.extend(np.asarray(Image.fromarray(f).resize((w, h), Image.Resampling.BICUBIC)) for f in clip.frames)
             kwargs = {key: value for key, value in self.video_kwargs.items() if key != "size"}
             kwargs["do_resize"] = False
         else:

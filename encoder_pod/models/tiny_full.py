@@ -85,7 +85,7 @@ def max_shard_size(model: nn.Module, shards: int = SHARDS) -> int:
 
 def save_full(
     out: Path,
-    model: nn.Module,
+    model: Any,
     tokenizer: Any,
     files: Mapping[str, Mapping[str, Any]],
     extra: Mapping[str, bytes] | None = None,

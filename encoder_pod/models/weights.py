@@ -147,10 +147,6 @@ class SafetensorsIndex:
             return self._total
         return sum((self.model_dir / shard).stat().st_size for shard in self.shards)
 
-    def shards_of(self, keys: Iterable[str]) -> list[str]:
-        """The shard files holding ``keys`` (what a download limited to them must fetch)."""
-        return sorted({self.weight_map[key] for key in keys})
-
     def read_into(self, targets: Mapping[str, torch.Tensor]) -> ReadReport:
         """Fill each tensor of ``targets`` (checkpoint key -> the module's own tensor) from the checkpoint.
 
@@ -189,7 +185,7 @@ class SafetensorsIndex:
                 target = targets[name].detach()
                 direct = target.device.type == "cpu" and target.is_contiguous() and target.dtype == _DTYPES[info.dtype]
                 tensor = target if direct else torch.empty(info.shape, dtype=_DTYPES[info.dtype])
-                buffer = memoryview(tensor.view(-1).view(torch.uint8).numpy()) if tensor.numel() else memoryview(b"")
+                buffer = tensor.view(-1).view(torch.uint8).numpy().data if tensor.numel() else memoryview(b"")
                 if len(buffer) != info.nbytes:
                     raise CheckpointError(f"{path}: {name} is {info.nbytes} bytes, its shape and dtype need {len(buffer)}")
                 f.seek(header_bytes + info.begin)
