@@ -24,8 +24,11 @@ class ReplicaState(str, Enum):
 
     LOADING = "loading"
     READY = "ready"
+    DRAINING = "draining"
+    """SIGTERM: admitted requests finish, new ones get 503 + Retry-After."""
     FAILED = "failed"
     STOPPING = "stopping"
+    """Stopping now: whatever is left gets 503."""
 
 
 class LoadStep(str, Enum):

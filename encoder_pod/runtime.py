@@ -20,6 +20,8 @@ from encoder_pod.batching.scheduler import BatchScheduler
 from encoder_pod.cache.keys import content_digest, item_key, model_namespace
 from encoder_pod.cache.lookup import ItemCache
 from encoder_pod.errors import (
+    DRAINING_MESSAGE,
+    Draining,
     EncoderError,
     InternalError,
     InvalidRequest,
@@ -121,19 +123,29 @@ class EncoderRuntime:
             self.state = ReplicaState.READY
         log.info("encoder ready (%s) in %.1fs", adapter.name, time.perf_counter() - started)
 
-    def begin_shutdown(self) -> None:
-        """Stop admitting and answer every request that has not started (503). Idempotent."""
-        if self.state is ReplicaState.STOPPING:
+    def begin_drain(self) -> None:
+        """SIGTERM: readiness turns 503 (``draining``); everything admitted keeps going. Idempotent.
+
+        New work is refused where it arrives (the HTTP edge, or the data-parallel front that
+        stops routing here), so a request that arrived before the drain is never refused here.
+        """
+        if self.state in (ReplicaState.DRAINING, ReplicaState.STOPPING):
             return
+        self.state = ReplicaState.DRAINING
+        log.info("draining: %d admitted requests finish", self._admission.in_flight)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until every admitted request was answered (or ``timeout`` passed); True when idle."""
+        return await self._admission.wait_idle(timeout)
+
+    async def shutdown(self, grace: float = 10.0) -> None:
+        """Stop: whatever has not started gets 503, started batches finish within ``grace``, the rest 503."""
         self.state = ReplicaState.STOPPING
         self._admission.close()
         if self._scheduler is not None:
             n = self._scheduler.fail_waiting(ShuttingDown("server is shutting down"))
-            log.info("shutting down: %d queued requests answered 503", n)
-
-    async def shutdown(self, grace: float = 10.0) -> None:
-        """Graceful stop: no admission, started batches finish within ``grace``, the rest 503."""
-        self.begin_shutdown()
+            if n:
+                log.info("stopping: %d queued requests answered 503", n)
         if self._load_task is not None and not self._load_task.done():
             self._load_task.cancel()
         if self._scheduler is not None:
@@ -144,6 +156,7 @@ class EncoderRuntime:
 
     # --- /encode --------------------------------------------------------------------------
     def _check_serving(self) -> EncoderAdapter:
+        """The adapter, if a request may be admitted now (else the typed 503)."""
         if self.state is ReplicaState.STOPPING:
             raise ShuttingDown("server is shutting down")
         if self.state is ReplicaState.FAILED:
@@ -191,11 +204,13 @@ class EncoderRuntime:
         limit = self.settings.admission.req_timeout
         loaded = await self._until(deadline, self._load_items(request, adapter), f"fetching and decoding items took over {limit}s")
         self.metrics.decode_latency.observe(time.perf_counter() - started)
-        self._check_serving()
+        self._check_serving()  # a drain lets admitted requests go on
         return self._submit(request, loaded, deadline)
 
     def _submit(self, request: EncodeRequest, loaded: list[tuple[MediaItem, int]], deadline: float) -> PendingEntry:
         """Hand decoded items to the batcher as one entry; its future resolves to their part."""
+        if self._scheduler is None:
+            raise ShuttingDown("server is shutting down")
         entry = PendingEntry(
             request=request,
             items=[item for item, _ in loaded],
@@ -204,7 +219,6 @@ class EncoderRuntime:
             admitted_at=time.monotonic(),
             deadline=deadline,
         )
-        assert self._scheduler is not None
         self._scheduler.submit(entry)
         self.metrics.queue_depth.set(self._scheduler.depth)
         return entry
@@ -297,6 +311,8 @@ class EncoderRuntime:
     # --- health, info, profiling ------------------------------------------------------------
     async def health(self) -> None:
         """Raise :class:`NotReady` unless a real tiny encode (or recent live traffic) works."""
+        if self.state is ReplicaState.DRAINING:
+            raise Draining(DRAINING_MESSAGE)
         adapter = self._check_serving()
         if self._success.proves_ready():
             return

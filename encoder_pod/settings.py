@@ -193,6 +193,8 @@ class ServerSettings(SettingsGroup):
         if value and not value.startswith(("http://", "https://")):
             raise ValueError(f"{value!r} is not an http(s) URL")
         return value
+    drain_timeout: float | None = Field(None, ge=0, le=86_400)
+    """Seconds SIGTERM waits for queued and in-flight requests before the rest get 503 (unset: REQ_TIMEOUT + 5)."""
 
 
 class AdmissionSettings(SettingsGroup):
@@ -351,6 +353,13 @@ class EncoderSettings(BaseModel):
     parallel: ParallelSettings = ParallelSettings()
     cache: CacheSettings = CacheSettings()
     observability: ObservabilitySettings = ObservabilitySettings()
+
+    def drain_timeout_s(self) -> float:
+        """The effective ``DRAIN_TIMEOUT``: as set, else ``REQ_TIMEOUT`` + 5 s (a request admitted just
+        before SIGTERM may take its whole timeout)."""
+        if self.server.drain_timeout is not None:
+            return self.server.drain_timeout
+        return self.admission.req_timeout + 5.0
 
     def masked(self) -> dict[str, Any]:
         """The effective config by group, for the start-up log and /server_info (no secrets today)."""

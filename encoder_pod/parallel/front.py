@@ -24,7 +24,16 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
 from encoder_pod.batching.admission import Admission
-from encoder_pod.errors import EncoderError, InvalidRequest, NotReady, RequestTimeout, ShuttingDown, WorkerDied
+from encoder_pod.errors import (
+    DRAINING_MESSAGE,
+    Draining,
+    EncoderError,
+    InvalidRequest,
+    NotReady,
+    RequestTimeout,
+    ShuttingDown,
+    WorkerDied,
+)
 from encoder_pod.metrics import render
 from encoder_pod.offload import Offload
 from encoder_pod.parallel.affinity import ReqAffinity
@@ -34,7 +43,6 @@ from encoder_pod.parallel.ipc import IpcDir
 from encoder_pod.parallel.key_routing import KeyRouting, pod_cache_info, request_keys
 from encoder_pod.parallel.messages import (
     ControlOp,
-    Drain,
     Error,
     Frame,
     Message,
@@ -42,7 +50,6 @@ from encoder_pod.parallel.messages import (
     Result,
     Status,
     encode_frames,
-    pack,
     unpack,
 )
 from encoder_pod.parallel.placement import plan, usable_cpus
@@ -70,6 +77,7 @@ class FrontState(str, Enum):
     READY = "ready"
     DEGRADED = "degraded"
     FAILED = "failed"
+    DRAINING = "draining"
     STOPPING = "stopping"
 
 
@@ -101,6 +109,7 @@ class DataParallelFront:
         self._calls = Calls(admission.req_timeout)
         self._keys = KeyRouting(self._registry) if settings.cache.cache_size_mb else None
         self._offload = Offload(name="front-offload")
+        self._draining = False
         self._stopping = False
         self._ipc: IpcDir | None = None
         self._zctx: zmq.asyncio.Context | None = None
@@ -132,24 +141,29 @@ class DataParallelFront:
             self.settings.parallel.dp_size, self.settings.parallel.tp_size, self._ipc.path,
         )
 
-    def begin_shutdown(self) -> None:
-        """Stop admitting; waiting requests and every worker's queued ones get 503. Idempotent."""
-        if self._stopping:
+    def begin_drain(self) -> None:
+        """SIGTERM: readiness turns 503 (``draining``); admitted requests, waiting for a worker slot
+        or held by a worker, go on. New ones are refused at the HTTP edge. The workers are not
+        told: they finish what they hold and stop when :meth:`shutdown` says so."""
+        if self._draining:
             return
+        self._draining = True
+        log.info("draining: %d admitted requests finish", self._admission.in_flight)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until every admitted request was answered (or ``timeout`` passed); True when idle."""
+        return await self._admission.wait_idle(timeout)
+
+    async def shutdown(self, grace: float = 10.0) -> None:
+        """Stop: requests still waiting for a worker get 503, workers finish within ``grace`` and
+        exit, the IPC files are removed."""
         self._stopping = True
         self._admission.close()
         waiting = self._router.fail_waiters(NoWorker)
+        if waiting:
+            log.info("stopping: %d requests waiting for a worker answered 503", waiting)
         if self._supervisor is not None:
-            self._supervisor.broadcast(pack(Drain()))
-        log.info("shutting down: %d requests waiting for a worker answered 503; workers draining", waiting)
-
-    async def shutdown(self, grace: float = 10.0) -> None:
-        """Let in-flight requests finish within ``grace``, stop the workers, remove the IPC files."""
-        self.begin_shutdown()
-        deadline = time.monotonic() + grace
-        await self._admission.wait_idle(grace)
-        if self._supervisor is not None:
-            await self._supervisor.stop(max(1.0, deadline - time.monotonic()))
+            await self._supervisor.stop(grace)
         if self._recv_task is not None:
             self._recv_task.cancel()
             await asyncio.gather(self._recv_task, return_exceptions=True)
@@ -285,6 +299,8 @@ class DataParallelFront:
         """503 unless every rank is ready and passes its own probe (a real tiny encode)."""
         if self._stopping:
             raise ShuttingDown("server is shutting down")
+        if self._draining:
+            raise Draining(DRAINING_MESSAGE)
         handles = self._handles()
         down = [h for h in handles if h.state is not RankState.READY]
         if down:
@@ -378,6 +394,8 @@ class DataParallelFront:
     def _state(self, handles: list[WorkerRecord]) -> FrontState:
         if self._stopping:
             return FrontState.STOPPING
+        if self._draining:
+            return FrontState.DRAINING
         states = {h.state for h in handles}
         if RankState.FAILED in states:
             return FrontState.FAILED

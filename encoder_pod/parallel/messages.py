@@ -26,7 +26,7 @@ from encoder_pod.readiness import LoadStep, ReplicaState
 Frame = bytes | bytearray | memoryview
 """One raw frame of a multipart message."""
 
-WIRE_VERSION = 2
+WIRE_VERSION = 3
 """Bumped on any change of a struct; both ends are one install, so a mismatch is a bug."""
 
 
@@ -61,7 +61,6 @@ class MsgKind(IntEnum):
     ENCODE = 1
     CANCEL = 2
     CALL = 3
-    DRAIN = 4
     STOP = 5
     STATUS = 20
     RESULT = 21
@@ -105,13 +104,6 @@ class Call:
     call_id: int
     op: ControlOp
     args: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Drain:
-    """Front -> worker: stop admitting and answer every request that has not started (503)."""
-
-    KIND: ClassVar[MsgKind] = MsgKind.DRAIN
 
 
 @dataclass(frozen=True)
@@ -180,9 +172,9 @@ class Error:
         return EncoderError.from_kind(self.kind, self.message, self.req_id)
 
 
-Message = Encode | Cancel | Call | Drain | Stop | Status | Result | Error
+Message = Encode | Cancel | Call | Stop | Status | Result | Error
 _STRUCTS: dict[MsgKind, type[Any]] = {
-    cls.KIND: cls for cls in (Encode, Cancel, Call, Drain, Stop, Status, Result, Error)
+    cls.KIND: cls for cls in (Encode, Cancel, Call, Stop, Status, Result, Error)
 }
 
 

@@ -21,7 +21,7 @@ from encoder_pod.errors import NotReady, WorkerDied
 from encoder_pod.exitcodes import ExitCode
 from encoder_pod.parallel.handle import SNDHWM, Incarnation, RankState, WorkerRecord
 from encoder_pod.parallel.ipc import IpcDir
-from encoder_pod.parallel.messages import Frame, Status, Stop, WorkerSpec, pack
+from encoder_pod.parallel.messages import Status, Stop, WorkerSpec, pack
 from encoder_pod.parallel.placement import Placement
 from encoder_pod.parallel.ranked_metrics import DataParallelMetrics
 from encoder_pod.parallel.router import Router
@@ -176,7 +176,7 @@ class Supervisor:
         elif msg.state is ReplicaState.LOADING and now >= inc.next_progress_log:
             inc.next_progress_log = now + PROGRESS_LOG_S
             log.info("rank %d: still loading (%s, %.0fs)", handle.rank, inc.phase, msg.elapsed_s)
-        elif msg.state is ReplicaState.STOPPING and handle.state is RankState.READY and not self._stopping:
+        elif msg.state in (ReplicaState.DRAINING, ReplicaState.STOPPING) and handle.state is RankState.READY and not self._stopping:
             # Someone sent the worker alone a SIGTERM: it drains, so it gets no new traffic.
             self._router.set_ready(handle.rank, False)
             self._metrics.up.labels(rank=str(handle.rank)).set(0)
@@ -261,14 +261,6 @@ class Supervisor:
             self._schedule_restart(handle, ready_at=None)
 
     # --- stop -------------------------------------------------------------------------------
-    def broadcast(self, frames: list[Frame]) -> None:
-        """Send one message to every running worker; a worker that cannot take it is skipped."""
-        for handle in self.handles:
-            try:
-                handle.send(frames)
-            except (WorkerDied, NotReady):
-                continue
-
     async def stop(self, grace: float) -> None:
         """Tell every worker to finish within ``grace``, wait for them, kill stragglers."""
         self._stopping = True

@@ -30,7 +30,6 @@ from encoder_pod.parallel.messages import (
     Call,
     Cancel,
     ControlOp,
-    Drain,
     Encode,
     Error,
     Frame,
@@ -90,6 +89,7 @@ class WorkerServer:
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._stop_grace: float | None = None
         self._stop = asyncio.Event()
+        self._draining: asyncio.Future[None] | None = None
         # Sockets are made in run(), on the loop that uses them.
         self._ctx: zmq.asyncio.Context
         self._inbox: zmq.asyncio.Socket
@@ -177,10 +177,20 @@ class WorkerServer:
         loop.add_reader(parent.sentinel, orphaned)
 
     def _on_sigterm(self) -> None:
-        """A SIGTERM sent to this worker alone (or the whole group): drain, then stop."""
+        """A SIGTERM sent to this worker alone (or to the whole process group): drain, then stop.
+
+        The front sees the DRAINING state in the next heartbeat and routes nothing new here; what
+        this worker holds finishes (within ENCODER_DRAIN_TIMEOUT) and is answered before it exits.
+        """
+        if self._draining is not None:
+            return
         log.info("SIGTERM: draining")
+        self._draining = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
         if self.runtime is not None:
-            self.runtime.begin_shutdown()
+            self.runtime.begin_drain()
+            await self.runtime.wait_idle(self.settings.drain_timeout_s())
         self._stop.set()
 
     # --- messages ---------------------------------------------------------------------------
@@ -206,9 +216,6 @@ class WorkerServer:
             task = self._tasks.get(msg.call_id)
             if task is not None:
                 task.cancel()
-        elif isinstance(msg, Drain):
-            if self.runtime is not None:
-                self.runtime.begin_shutdown()
         elif isinstance(msg, Stop):
             self._stop_grace = msg.grace_s
             self._stop.set()

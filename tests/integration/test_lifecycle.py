@@ -1,4 +1,4 @@
-"""Admission, timeouts, disconnects, duplicates, health and shutdown on a real server.
+"""Admission, timeouts, disconnects, duplicates and health on a real server (the drain: test_drain.py).
 
 Slowness comes from real sources: a media host that holds its responses (a slow origin) and a
 moderate-size checkpoint encoding many images (a busy model).
@@ -7,7 +7,6 @@ moderate-size checkpoint encoding many images (a busy model).
 from __future__ import annotations
 
 import asyncio
-import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -100,23 +99,6 @@ def test_disconnected_client_work_is_dropped(tiny_model):
             time.sleep(0.1)
         # Only the big request was ever encoded.
         assert server.metric("encoder_batch_items_sum") == 100 + 1  # + the start-up health encode
-
-
-def test_sigterm_answers_every_queued_request(tiny_model):
-    with MediaHost() as host:
-        server = EncoderServer(tiny_model("qwen2_vl"), env=_held_env()).start()
-        with ThreadPoolExecutor(4) as pool:
-            futures = [pool.submit(encode, server.base_url, f"t{i}", [host.base_url + "/held/40x40.png"]) for i in range(4)]
-            _wait_inflight(server, 4)
-            server.proc.send_signal(signal.SIGTERM)
-            time.sleep(0.5)
-            host.release()
-            answers = [f.result() for f in futures]
-        assert all(r.status_code == 503 for r in answers), [r.text for r in answers]
-        assert all("shutting down" in r.json()["message"] for r in answers)
-        # uvicorn re-raises the signal it handled once shutdown is complete.
-        assert server.proc.wait(30) in (0, -signal.SIGTERM)
-        server.stop()
 
 
 def test_health_503_while_loading_then_200(tiny_model):
