@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from encoder_pod.batching.admission import Admission
 from encoder_pod.batching.entry import PendingEntry
+from encoder_pod.batching.probe import Prober
 from encoder_pod.batching.scheduler import BatchScheduler
 from encoder_pod.cache.keys import content_digest, item_key, model_namespace
 from encoder_pod.cache.lookup import ItemCache
@@ -40,7 +41,7 @@ from encoder_pod.models.registry import AdapterLoader, load_adapter
 from encoder_pod.offload import Offload, freeze_startup_objects
 from encoder_pod.profiling import Profiler, TorchProfiler
 from encoder_pod.protocol import EncodeRequest, ItemSpec, parse_encode_request
-from encoder_pod.readiness import LoadStep, ReplicaState, SuccessClock
+from encoder_pod.readiness import LoadStep, Readiness, ReplicaState
 from encoder_pod.settings import EncoderSettings
 from encoder_pod.transfer.inline import InlineAnswer
 from encoder_pod.transfer.router import TransferRouter
@@ -79,11 +80,12 @@ class EncoderRuntime:
         self._sources = MediaSources(settings.media, max_bytes=settings.server.max_request_bytes)
         self._profiler: Profiler = profiler or TorchProfiler()  # a tensor-parallel group passes one that reaches every rank
         self._admission = Admission(settings.admission.max_queue, self.metrics.inflight)
-        self._success = SuccessClock()
         self._cache = ItemCache(settings.cache.cache_size_mb * 1024 * 1024, self.metrics.registry)
         self._namespace: bytes | None = None
         """The loaded model's cache namespace (:func:`~encoder_pod.cache.keys.model_namespace`)."""
-        self._health_task: asyncio.Task[None] | None = None
+        self.readiness = Readiness(settings.observability.health_timeout)
+        """The cached /health verdict (live successes and the prober's outcomes)."""
+        self._prober: Prober | None = None
         self._load_task: asyncio.Task[None] | None = None
         self.started_at = time.time()
 
@@ -116,9 +118,12 @@ class EncoderRuntime:
             log.error("model load failed: %s", self.load_error)
             return
         freeze_startup_objects()  # before serving: a full GC pass over the model stack would stall the loop
+        self.readiness.success.record()  # the warmup was a real encode of the health item, all four stages
         self.adapter, self.step = adapter, None
         self._scheduler = BatchScheduler(adapter, self.settings.batching, self.metrics, on_forward=self._profiler.step)
         self._scheduler.start()
+        self._prober = Prober(adapter, self._scheduler, self.readiness, lambda: self.state is ReplicaState.READY)
+        self._prober.start()
         if self.state is ReplicaState.LOADING:
             self.state = ReplicaState.READY
         log.info("encoder ready (%s) in %.1fs", adapter.name, time.perf_counter() - started)
@@ -148,6 +153,8 @@ class EncoderRuntime:
                 log.info("stopping: %d queued requests answered 503", n)
         if self._load_task is not None and not self._load_task.done():
             self._load_task.cancel()
+        if self._prober is not None:
+            await self._prober.stop()
         if self._scheduler is not None:
             await self._scheduler.stop(grace)
         await self._transfer.close()
@@ -192,7 +199,7 @@ class EncoderRuntime:
                 else:
                     entry = await self._enqueue(request, adapter, deadline)
                     part = await self._await_part(entry, deadline)
-                self._success.record()
+                self.readiness.success.record()
                 return await transfer.deliver(request, part)
             except EncoderError as err:
                 await transfer.deliver_error(request, err)
@@ -309,36 +316,22 @@ class EncoderRuntime:
         return data, content_digest(data, spec.content_hash)  # a verified hash is not computed twice
 
     # --- health, info, profiling ------------------------------------------------------------
-    async def health(self) -> None:
-        """Raise :class:`NotReady` unless a real tiny encode (or recent live traffic) works."""
+    def not_ready(self) -> EncoderError | None:
+        """Why /health is 503 now (None when ready): state and the cached verdict, never a wait."""
         if self.state is ReplicaState.DRAINING:
-            raise Draining(DRAINING_MESSAGE)
-        adapter = self._check_serving()
-        if self._success.proves_ready():
-            return
-        if self._health_task is None or self._health_task.done():
-            self._health_task = asyncio.create_task(self._health_encode(adapter))
+            return Draining(DRAINING_MESSAGE)
         try:
-            await asyncio.wait_for(asyncio.shield(self._health_task), self.settings.observability.health_timeout)
-        except TimeoutError:
-            raise NotReady(f"health encode took over {self.settings.observability.health_timeout}s") from None
+            self._check_serving()
         except EncoderError as err:
-            raise NotReady(f"health encode failed: {err.message}") from None
+            return err
+        problem = self.readiness.problem()
+        return NotReady(problem) if problem is not None else None
 
-    async def _health_encode(self, adapter: EncoderAdapter) -> None:
-        modality = sorted(adapter.modalities, key=lambda m: m.value)[0]
-        item = adapter.health_item(modality)
-        request = EncodeRequest(req_id=f"health-{time.monotonic_ns()}", modality=modality, items=(ItemSpec("health"),))
-        loop = asyncio.get_running_loop()
-        # Not counted against MAX_QUEUE: a busy pod must not fail its probe for being busy.
-        entry = PendingEntry(request, [item], [adapter.measure(item)], loop.create_future(), time.monotonic())
-        assert self._scheduler is not None
-        self._scheduler.submit(entry)
-        try:
-            await entry.future
-        finally:
-            entry.future.cancel()
-        self._success.record()
+    async def health(self) -> None:
+        """Raise the typed 503 unless a real tiny encode (or live traffic) succeeded recently; answers at once."""
+        error = self.not_ready()
+        if error is not None:
+            raise error
 
     async def run_on_model_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn`` on the thread that runs forwards (the profiler records that thread)."""
@@ -386,6 +379,7 @@ class EncoderRuntime:
             "queue_depth": self._scheduler.depth if self._scheduler else 0,
             "inflight": self._admission.in_flight,
             "cache": self._cache.info(),
+            "health": self.readiness.describe(),
             "uptime_s": round(time.time() - self.started_at, 3),
             "settings": self.settings.masked(),
         }

@@ -317,8 +317,8 @@ class ParallelSettings(SettingsGroup):
     """Seconds before a dead data-parallel worker is restarted; doubles per quick death, capped at 30."""
     dp_max_failed_starts: int = Field(5, ge=1, le=1000)
     """Consecutive starts of a worker that never got ready before its rank is given up."""
-    dp_heartbeat_timeout: float = Field(30.0, gt=0, le=3600)
-    """Seconds a data-parallel worker may stay silent before it is deemed hung, killed and restarted."""
+    dp_heartbeat_timeout: float = Field(10.0, gt=0, le=3600)
+    """Seconds a ready worker or tensor-parallel rank may stay silent before it is deemed hung, killed and restarted."""
     tp_collective_timeout: float = Field(60.0, gt=0, le=3600)
     """Seconds any tensor-parallel collective may take; past it the group is taken down and restarted."""
 

@@ -58,6 +58,7 @@ from encoder_pod.parallel.router import NoWorker, Router
 from encoder_pod.parallel.supervisor import Supervisor
 from encoder_pod.parallel.tensor.plans import check_divisible
 from encoder_pod.protocol import EncodeRequest, parse_encode_request
+from encoder_pod.readiness import STALE_HEARTBEAT_S
 from encoder_pod.settings import EncoderSettings, TransferBackend, model_dir
 from encoder_pod.transfer.inline import InlineAnswer
 from encoder_pod.transfer.receive_urls import parse_registration
@@ -66,8 +67,6 @@ log = logging.getLogger(__name__)
 
 BACKSTOP_S = 2.0
 """Past the request deadline, how long the front waits for the worker's own typed 504."""
-FRESH_HEARTBEAT_S = 2.0
-"""A heartbeat this recent shows the rank's event loop is alive (they come every 0.5 s)."""
 
 
 class FrontState(str, Enum):
@@ -276,10 +275,7 @@ class DataParallelFront:
         try:
             self._dp_metrics.routed.labels(rank=str(rank)).inc()
             handle = self._handles()[rank]
-            answer = await self._calls.call(handle, call_id, frames, deadline + BACKSTOP_S)
-            if handle.current is not None:
-                handle.current.success.record()
-            return answer
+            return await self._calls.call(handle, call_id, frames, deadline + BACKSTOP_S)
         finally:
             self._router.release(rank)
 
@@ -296,33 +292,36 @@ class DataParallelFront:
 
     # --- fan-out: health, profiling, receive URLs -------------------------------------------
     async def health(self) -> None:
-        """503 unless every rank is ready and passes its own probe (a real tiny encode)."""
+        """503 unless every rank is ready, heard from within STALE_HEARTBEAT_S and its own verdict
+        (a real tiny encode or live traffic, kept by the worker) is ready. From state only: this
+        never calls a worker, so a hung one makes it 503 at once, not a timeout."""
         if self._stopping:
             raise ShuttingDown("server is shutting down")
         if self._draining:
             raise Draining(DRAINING_MESSAGE)
         handles = self._handles()
-        down = [h for h in handles if h.state is not RankState.READY]
-        if down:
-            if not self._router.any_ready:
-                raise self._no_worker()
-            raise NotReady("; ".join(f"worker {h.rank} is {h.state.value}" for h in down))
-        if all(self._proven(h) for h in handles):
-            return  # live traffic just proved every rank; a probe would only queue behind it
-        timeout = self.settings.observability.health_timeout + 1
-        answers = await asyncio.gather(
-            *(self._calls.control(h, ControlOp.HEALTH, {}, timeout) for h in handles), return_exceptions=True
-        )
-        failures = [(h.rank, a) for h, a in zip(handles, answers) if isinstance(a, BaseException)]
-        if failures:
-            raise NotReady("; ".join(f"worker {rank}: {getattr(err, 'message', err)}" for rank, err in failures))
-
-    @staticmethod
-    def _proven(handle: WorkerRecord) -> bool:
-        """Recent success of this incarnation, and its event loop still heard from."""
-        inc = handle.current
         now = time.monotonic()
-        return inc is not None and inc.success.proves_ready(now) and now - inc.last_seen < FRESH_HEARTBEAT_S
+        problems = [p for p in (self._rank_problem(h, now) for h in handles) if p is not None]
+        if not problems:
+            return
+        if not any(h.state is RankState.READY for h in handles):
+            raise self._no_worker()
+        raise NotReady("; ".join(problems))
+
+    def _rank_problem(self, handle: WorkerRecord, now: float) -> str | None:
+        """Why this rank is not ready (None when it is)."""
+        inc = handle.current
+        if handle.state is not RankState.READY or inc is None:
+            return f"worker {handle.rank} is {handle.state.value}"
+        silent = now - inc.last_seen
+        if silent > STALE_HEARTBEAT_S:
+            return (
+                f"worker {handle.rank} has sent no heartbeat for {silent:.1f}s (hung or stopped; killed at "
+                f"{self.settings.parallel.dp_heartbeat_timeout:g}s, ENCODER_DP_HEARTBEAT_TIMEOUT)"
+            )
+        if not inc.healthy:
+            return f"worker {handle.rank}: {inc.health_error or 'not ready'}"
+        return None
 
     async def _fan_out(self, op: ControlOp, args_of: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
         ready = [h for h in self._handles() if h.state is RankState.READY]

@@ -70,7 +70,6 @@ class MsgKind(IntEnum):
 class ControlOp(str, Enum):
     """What a :class:`Call` asks a worker to do (fanned out to every rank by the front)."""
 
-    HEALTH = "health"
     START_PROFILE = "start_profile"
     STOP_PROFILE = "stop_profile"
     RECEIVE_URL = "receive_url"
@@ -130,6 +129,12 @@ class Status:
     error: str | None = None
     info: dict[str, Any] | None = None
     metrics: bytes | None = None
+    healthy: bool = False
+    """The replica's readiness verdict: what /health says for this rank."""
+    health_error: str | None = None
+    """Why it is not ready (None when healthy)."""
+    stalled: bool = False
+    """A rank of its tensor-parallel group stopped sending heartbeats: route nothing new here."""
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from encoder_pod.parallel.messages import (
     request_from_wire,
     unpack,
 )
-from encoder_pod.readiness import LoadStep, ReplicaState
+from encoder_pod.readiness import STALE_HEARTBEAT_S, LoadStep, ReplicaState
 from encoder_pod.settings import EncoderSettings
 from encoder_pod.transfer.inline import InlineAnswer
 
@@ -269,8 +269,6 @@ class WorkerServer:
         async def work() -> Any:
             if self.runtime is None:
                 raise NotReady("model is still loading")
-            if msg.op is ControlOp.HEALTH:
-                return await self.runtime.health()
             if msg.op is ControlOp.START_PROFILE:
                 return await self.runtime.start_profile(msg.args)
             if msg.op is ControlOp.STOP_PROFILE:
@@ -289,11 +287,17 @@ class WorkerServer:
         state: ReplicaState = ReplicaState.LOADING
         step: LoadStep | None = LoadStep.IMPORTING
         info = metrics = error = None
+        health_error: str | None = "model is still loading"
         if rt is not None:
             state, step, error = rt.state, rt.step, rt.load_error
             info = rt.info()
             info.pop("settings", None)  # the front shows the settings once
             metrics = rt.metrics_text()
+            not_ready = rt.not_ready()
+            health_error = not_ready.message if not_ready is not None else None
+        silent = self.group.silent_followers(STALE_HEARTBEAT_S) if self.group is not None else []
+        if silent:
+            health_error = "; ".join(f"tensor-parallel rank {r} sent no heartbeat for {s:.1f}s" for r, s in silent)
         return Status(
             rank=self.spec.rank,
             generation=self.spec.generation,
@@ -304,6 +308,9 @@ class WorkerServer:
             error=error,
             info=info,
             metrics=metrics,
+            healthy=health_error is None,
+            health_error=health_error,
+            stalled=bool(silent),
         )
 
     async def _heartbeat_loop(self) -> None:
