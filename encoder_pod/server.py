@@ -24,6 +24,7 @@ from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 import uvicorn
 
+from encoder_pod.api.connections import HttpLimits, limited_protocol
 from encoder_pod.api.engine import Engine
 from encoder_pod.api.http_server import create_app
 from encoder_pod.api.lifecycle import Lifecycle
@@ -192,5 +193,7 @@ def serve(settings: EncoderSettings, drain_hooks: Sequence[DrainHook] = ()) -> N
         port=settings.server.port,
         log_level=settings.observability.log_level,
         access_log=False,
+        http=limited_protocol(HttpLimits.of(settings.server)),
+        timeout_keep_alive=settings.server.http_keepalive_timeout,
     )
     _Server(config, engine, lifecycle, settings.drain_timeout_s(), drain_hooks, registrar).run()

@@ -195,6 +195,12 @@ class ServerSettings(SettingsGroup):
         return value
     drain_timeout: float | None = Field(None, ge=0, le=86_400)
     """Seconds SIGTERM waits for queued and in-flight requests before the rest get 503 (unset: REQ_TIMEOUT + 5)."""
+    http_header_timeout: float = Field(10.0, gt=0, le=3600)
+    """Seconds a connection may take to send a request's headers (from connect, or the previous answer); closed beyond."""
+    http_keepalive_timeout: int = Field(5, ge=1, le=3600)
+    """Seconds an idle keep-alive connection stays open after an answer."""
+    http_max_connections: int = Field(2048, ge=1, le=1_000_000)
+    """Most open HTTP connections; one more is answered 503 + Retry-After and closed."""
 
 
 class AdmissionSettings(SettingsGroup):
