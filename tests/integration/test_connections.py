@@ -40,6 +40,22 @@ def _open_slow(port: int, n: int) -> list[socket.socket]:
     return socks
 
 
+def _read_answer(s: socket.socket) -> bytes:
+    """One whole HTTP answer (headers and its content-length body), however the bytes arrive."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(4096)
+        assert chunk, f"closed before the headers were complete: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = s.recv(4096)
+        assert chunk, f"closed before the body was complete: {data + body!r}"
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
 def _closed_by_server(s: socket.socket) -> bool:
     s.settimeout(0.5)
     try:
@@ -70,14 +86,13 @@ def test_connections_that_never_finish_their_headers_are_closed_and_fds_come_bac
             for s in slow:
                 s.close()
         # An idle keep-alive connection is closed after HTTP_KEEPALIVE_TIMEOUT.
-        kept = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-        kept.sendall(b"GET /livez HTTP/1.1\r\nHost: encoder\r\n\r\n")
-        assert kept.recv(4096).startswith(b"HTTP/1.1 200")
-        started = time.monotonic()
-        kept.settimeout(10)
-        assert kept.recv(4096) == b""
-        keepalive_s = time.monotonic() - started
-        kept.close()
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as kept:
+            kept.sendall(b"GET /livez HTTP/1.1\r\nHost: encoder\r\n\r\n")
+            answer = _read_answer(kept)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+            started = time.monotonic()
+            assert kept.recv(4096) == b""
+            keepalive_s = time.monotonic() - started
     print(
         f"\n500 connections without complete headers: server FDs {baseline} -> {held} -> {after}, "
         f"back within {back_s:.1f}s of the normal requests (HTTP_HEADER_TIMEOUT={header_timeout:g}s); "
@@ -100,14 +115,12 @@ def test_connections_beyond_the_limit_get_503_and_fds_stay_bounded(tiny_model):
             _wait_fds(pid, lambda n: n >= baseline + limit, 30)
             over = []
             for _ in range(20):
-                s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-                s.sendall(b"GET /health HTTP/1.1\r\nHost: encoder\r\n\r\n")
-                s.settimeout(10)
-                answer = b""
-                while chunk := s.recv(4096):
-                    answer += chunk
+                with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+                    s.sendall(b"GET /health HTTP/1.1\r\nHost: encoder\r\n\r\n")
+                    answer = b""
+                    while chunk := s.recv(4096):
+                        answer += chunk
                 over.append(answer)
-                s.close()
             peak = _fds(pid)
         finally:
             for s in held:
