@@ -5,6 +5,7 @@ Each line says who uses it. Anything only tests would use does not belong here: 
 
 # ruff: noqa
 # mypy: ignore-errors
+from encoder_pod import server
 from encoder_pod.api import http_server, json_body
 from encoder_pod.batching import admission
 from encoder_pod.receiver import client, pull
@@ -19,6 +20,10 @@ http_server.metrics_route
 http_server.server_info
 http_server.scheduler_receive_url
 http_server.scheduler_receive_meta_data
+# uvicorn.Server calls capture_signals and reads should_exit and its config's graceful timeout.
+server._Server.capture_signals
+server._Server.should_exit
+_.timeout_graceful_shutdown
 # json.JSONDecoder's scanner reads these attributes; Starlette reads media_type; ASGI passes scope.
 json_body._SlicedDecoder.parse_string
 json_body._SlicedDecoder.scan_once

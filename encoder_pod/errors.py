@@ -25,6 +25,7 @@ class ErrorKind(str, Enum):
     OVERLOADED = "overloaded"
     NOT_READY = "not_ready"
     SHUTTING_DOWN = "shutting_down"
+    DRAINING = "draining"
     WORKER_DIED = "worker_died"
     TIMEOUT = "timeout"
     TRANSFER_FAILED = "transfer_failed"
@@ -38,11 +39,20 @@ HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.OVERLOADED: 429,
     ErrorKind.NOT_READY: 503,
     ErrorKind.SHUTTING_DOWN: 503,
+    ErrorKind.DRAINING: 503,
     ErrorKind.WORKER_DIED: 503,
     ErrorKind.TIMEOUT: 504,
     ErrorKind.TRANSFER_FAILED: 502,
     ErrorKind.INTERNAL: 500,
 }
+
+DRAINING_MESSAGE = "draining: this encoder is shutting down and takes no new requests; retry on another"
+"""The message of every refusal while a pod drains (new /encode, /health)."""
+
+RETRY_AFTER_S: dict[ErrorKind, int] = {
+    ErrorKind.DRAINING: 1,
+}
+"""Kinds whose answer carries ``Retry-After`` (seconds): retrying elsewhere at once is right."""
 
 
 class EncoderError(Exception):
@@ -59,6 +69,11 @@ class EncoderError(Exception):
     def http_status(self) -> int:
         """The HTTP status code of this error's kind."""
         return HTTP_STATUS[self.kind]
+
+    @property
+    def retry_after(self) -> int | None:
+        """Seconds for a ``Retry-After`` header, or None when the answer carries none."""
+        return RETRY_AFTER_S.get(self.kind)
 
     @classmethod
     def from_kind(cls, kind: ErrorKind, message: str, req_id: str | None = None) -> "EncoderError":
@@ -121,6 +136,12 @@ class ShuttingDown(EncoderError):
     kind = ErrorKind.SHUTTING_DOWN
 
 
+class Draining(ShuttingDown):
+    """The pod is draining (SIGTERM): it finishes what it holds and takes nothing new (503 + Retry-After)."""
+
+    kind = ErrorKind.DRAINING
+
+
 class WorkerDied(EncoderError):
     """The worker process that held this request died (503)."""
 
@@ -167,6 +188,7 @@ _BY_KIND: dict[ErrorKind, type[EncoderError]] = {
     ErrorKind.OVERLOADED: Overloaded,
     ErrorKind.NOT_READY: NotReady,
     ErrorKind.SHUTTING_DOWN: ShuttingDown,
+    ErrorKind.DRAINING: Draining,
     ErrorKind.WORKER_DIED: WorkerDied,
     ErrorKind.TIMEOUT: RequestTimeout,
     ErrorKind.TRANSFER_FAILED: TransferFailed,

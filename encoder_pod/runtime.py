@@ -16,10 +16,13 @@ from prometheus_client import CollectorRegistry
 
 from encoder_pod.batching.admission import Admission
 from encoder_pod.batching.entry import PendingEntry
+from encoder_pod.batching.probe import Prober
 from encoder_pod.batching.scheduler import BatchScheduler
 from encoder_pod.cache.keys import content_digest, item_key, model_namespace
 from encoder_pod.cache.lookup import ItemCache
 from encoder_pod.errors import (
+    DRAINING_MESSAGE,
+    Draining,
     EncoderError,
     InternalError,
     InvalidRequest,
@@ -38,7 +41,7 @@ from encoder_pod.models.registry import AdapterLoader, load_adapter
 from encoder_pod.offload import Offload, freeze_startup_objects
 from encoder_pod.profiling import Profiler, TorchProfiler
 from encoder_pod.protocol import EncodeRequest, ItemSpec, parse_encode_request
-from encoder_pod.readiness import LoadStep, ReplicaState, SuccessClock
+from encoder_pod.readiness import LoadStep, Readiness, ReplicaState
 from encoder_pod.settings import EncoderSettings
 from encoder_pod.transfer.inline import InlineAnswer
 from encoder_pod.transfer.router import TransferRouter
@@ -77,11 +80,12 @@ class EncoderRuntime:
         self._sources = MediaSources(settings.media, max_bytes=settings.server.max_request_bytes)
         self._profiler: Profiler = profiler or TorchProfiler()  # a tensor-parallel group passes one that reaches every rank
         self._admission = Admission(settings.admission.max_queue, self.metrics.inflight)
-        self._success = SuccessClock()
         self._cache = ItemCache(settings.cache.cache_size_mb * 1024 * 1024, self.metrics.registry)
         self._namespace: bytes | None = None
         """The loaded model's cache namespace (:func:`~encoder_pod.cache.keys.model_namespace`)."""
-        self._health_task: asyncio.Task[None] | None = None
+        self.readiness = Readiness(settings.observability.health_timeout)
+        """The cached /health verdict (live successes and the prober's outcomes)."""
+        self._prober: Prober | None = None
         self._load_task: asyncio.Task[None] | None = None
         self.started_at = time.time()
 
@@ -114,28 +118,43 @@ class EncoderRuntime:
             log.error("model load failed: %s", self.load_error)
             return
         freeze_startup_objects()  # before serving: a full GC pass over the model stack would stall the loop
+        self.readiness.success.record()  # the warmup was a real encode of the health item, all four stages
         self.adapter, self.step = adapter, None
         self._scheduler = BatchScheduler(adapter, self.settings.batching, self.metrics, on_forward=self._profiler.step)
         self._scheduler.start()
+        self._prober = Prober(adapter, self._scheduler, self.readiness, lambda: self.state is ReplicaState.READY)
+        self._prober.start()
         if self.state is ReplicaState.LOADING:
             self.state = ReplicaState.READY
         log.info("encoder ready (%s) in %.1fs", adapter.name, time.perf_counter() - started)
 
-    def begin_shutdown(self) -> None:
-        """Stop admitting and answer every request that has not started (503). Idempotent."""
-        if self.state is ReplicaState.STOPPING:
+    def begin_drain(self) -> None:
+        """SIGTERM: readiness turns 503 (``draining``); everything admitted keeps going. Idempotent.
+
+        New work is refused where it arrives (the HTTP edge, or the data-parallel front that
+        stops routing here), so a request that arrived before the drain is never refused here.
+        """
+        if self.state in (ReplicaState.DRAINING, ReplicaState.STOPPING):
             return
+        self.state = ReplicaState.DRAINING
+        log.info("draining: %d admitted requests finish", self._admission.in_flight)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until every admitted request was answered (or ``timeout`` passed); True when idle."""
+        return await self._admission.wait_idle(timeout)
+
+    async def shutdown(self, grace: float = 10.0) -> None:
+        """Stop: whatever has not started gets 503, started batches finish within ``grace``, the rest 503."""
         self.state = ReplicaState.STOPPING
         self._admission.close()
         if self._scheduler is not None:
             n = self._scheduler.fail_waiting(ShuttingDown("server is shutting down"))
-            log.info("shutting down: %d queued requests answered 503", n)
-
-    async def shutdown(self, grace: float = 10.0) -> None:
-        """Graceful stop: no admission, started batches finish within ``grace``, the rest 503."""
-        self.begin_shutdown()
+            if n:
+                log.info("stopping: %d queued requests answered 503", n)
         if self._load_task is not None and not self._load_task.done():
             self._load_task.cancel()
+        if self._prober is not None:
+            await self._prober.stop()
         if self._scheduler is not None:
             await self._scheduler.stop(grace)
         await self._transfer.close()
@@ -144,6 +163,7 @@ class EncoderRuntime:
 
     # --- /encode --------------------------------------------------------------------------
     def _check_serving(self) -> EncoderAdapter:
+        """The adapter, if a request may be admitted now (else the typed 503)."""
         if self.state is ReplicaState.STOPPING:
             raise ShuttingDown("server is shutting down")
         if self.state is ReplicaState.FAILED:
@@ -179,7 +199,7 @@ class EncoderRuntime:
                 else:
                     entry = await self._enqueue(request, adapter, deadline)
                     part = await self._await_part(entry, deadline)
-                self._success.record()
+                self.readiness.success.record()
                 return await transfer.deliver(request, part)
             except EncoderError as err:
                 await transfer.deliver_error(request, err)
@@ -191,11 +211,13 @@ class EncoderRuntime:
         limit = self.settings.admission.req_timeout
         loaded = await self._until(deadline, self._load_items(request, adapter), f"fetching and decoding items took over {limit}s")
         self.metrics.decode_latency.observe(time.perf_counter() - started)
-        self._check_serving()
+        self._check_serving()  # a drain lets admitted requests go on
         return self._submit(request, loaded, deadline)
 
     def _submit(self, request: EncodeRequest, loaded: list[tuple[MediaItem, int]], deadline: float) -> PendingEntry:
         """Hand decoded items to the batcher as one entry; its future resolves to their part."""
+        if self._scheduler is None:
+            raise ShuttingDown("server is shutting down")
         entry = PendingEntry(
             request=request,
             items=[item for item, _ in loaded],
@@ -204,7 +226,6 @@ class EncoderRuntime:
             admitted_at=time.monotonic(),
             deadline=deadline,
         )
-        assert self._scheduler is not None
         self._scheduler.submit(entry)
         self.metrics.queue_depth.set(self._scheduler.depth)
         return entry
@@ -295,34 +316,22 @@ class EncoderRuntime:
         return data, content_digest(data, spec.content_hash)  # a verified hash is not computed twice
 
     # --- health, info, profiling ------------------------------------------------------------
-    async def health(self) -> None:
-        """Raise :class:`NotReady` unless a real tiny encode (or recent live traffic) works."""
-        adapter = self._check_serving()
-        if self._success.proves_ready():
-            return
-        if self._health_task is None or self._health_task.done():
-            self._health_task = asyncio.create_task(self._health_encode(adapter))
+    def not_ready(self) -> EncoderError | None:
+        """Why /health is 503 now (None when ready): state and the cached verdict, never a wait."""
+        if self.state is ReplicaState.DRAINING:
+            return Draining(DRAINING_MESSAGE)
         try:
-            await asyncio.wait_for(asyncio.shield(self._health_task), self.settings.observability.health_timeout)
-        except TimeoutError:
-            raise NotReady(f"health encode took over {self.settings.observability.health_timeout}s") from None
+            self._check_serving()
         except EncoderError as err:
-            raise NotReady(f"health encode failed: {err.message}") from None
+            return err
+        problem = self.readiness.problem()
+        return NotReady(problem) if problem is not None else None
 
-    async def _health_encode(self, adapter: EncoderAdapter) -> None:
-        modality = sorted(adapter.modalities, key=lambda m: m.value)[0]
-        item = adapter.health_item(modality)
-        request = EncodeRequest(req_id=f"health-{time.monotonic_ns()}", modality=modality, items=(ItemSpec("health"),))
-        loop = asyncio.get_running_loop()
-        # Not counted against MAX_QUEUE: a busy pod must not fail its probe for being busy.
-        entry = PendingEntry(request, [item], [adapter.measure(item)], loop.create_future(), time.monotonic())
-        assert self._scheduler is not None
-        self._scheduler.submit(entry)
-        try:
-            await entry.future
-        finally:
-            entry.future.cancel()
-        self._success.record()
+    async def health(self) -> None:
+        """Raise the typed 503 unless a real tiny encode (or live traffic) succeeded recently; answers at once."""
+        error = self.not_ready()
+        if error is not None:
+            raise error
 
     async def run_on_model_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn`` on the thread that runs forwards (the profiler records that thread)."""
@@ -370,6 +379,7 @@ class EncoderRuntime:
             "queue_depth": self._scheduler.depth if self._scheduler else 0,
             "inflight": self._admission.in_flight,
             "cache": self._cache.info(),
+            "health": self.readiness.describe(),
             "uptime_s": round(time.time() - self.started_at, 3),
             "settings": self.settings.masked(),
         }

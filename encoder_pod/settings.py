@@ -195,6 +195,14 @@ class ServerSettings(SettingsGroup):
         if value and not value.startswith(("http://", "https://")):
             raise ValueError(f"{value!r} is not an http(s) URL")
         return value
+    drain_timeout: float | None = Field(None, ge=0, le=86_400)
+    """Seconds SIGTERM waits for queued and in-flight requests before the rest get 503 (unset: REQ_TIMEOUT + 5)."""
+    http_header_timeout: float = Field(10.0, gt=0, le=3600)
+    """Seconds a connection may take to send a request's headers (from connect, or the previous answer); closed beyond."""
+    http_keepalive_timeout: int = Field(5, ge=1, le=3600)
+    """Seconds an idle keep-alive connection stays open after an answer."""
+    http_max_connections: int = Field(2048, ge=1, le=1_000_000)
+    """Most open HTTP connections; one more is answered 503 + Retry-After and closed."""
 
 
 class AdmissionSettings(SettingsGroup):
@@ -317,8 +325,8 @@ class ParallelSettings(SettingsGroup):
     """Seconds before a dead data-parallel worker is restarted; doubles per quick death, capped at 30."""
     dp_max_failed_starts: int = Field(5, ge=1, le=1000)
     """Consecutive starts of a worker that never got ready before its rank is given up."""
-    dp_heartbeat_timeout: float = Field(30.0, gt=0, le=3600)
-    """Seconds a data-parallel worker may stay silent before it is deemed hung, killed and restarted."""
+    dp_heartbeat_timeout: float = Field(10.0, gt=0, le=3600)
+    """Seconds a ready worker or tensor-parallel rank may stay silent before it is deemed hung, killed and restarted."""
     tp_collective_timeout: float = Field(60.0, gt=0, le=3600)
     """Seconds any tensor-parallel collective may take; past it the group is taken down and restarted."""
 
@@ -353,6 +361,13 @@ class EncoderSettings(BaseModel):
     parallel: ParallelSettings = ParallelSettings()
     cache: CacheSettings = CacheSettings()
     observability: ObservabilitySettings = ObservabilitySettings()
+
+    def drain_timeout_s(self) -> float:
+        """The effective ``DRAIN_TIMEOUT``: as set, else ``REQ_TIMEOUT`` + 5 s (a request admitted just
+        before SIGTERM may take its whole timeout)."""
+        if self.server.drain_timeout is not None:
+            return self.server.drain_timeout
+        return self.admission.req_timeout + 5.0
 
     def masked(self) -> dict[str, Any]:
         """The effective config by group, for the start-up log and /server_info (no secrets today)."""

@@ -20,17 +20,21 @@ class Engine(Protocol):
     async def start(self) -> None:
         """Begin loading; must return quickly (the server answers 503 meanwhile)."""
 
-    def begin_shutdown(self) -> None:
-        """Stop admitting and answer every request that has not started."""
+    def begin_drain(self) -> None:
+        """SIGTERM: refuse new requests (503 + Retry-After); everything admitted keeps going. Idempotent."""
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until every admitted request was answered (or ``timeout`` passed); True when idle."""
+        ...
 
     async def shutdown(self, grace: float) -> None:
-        """Finish started work within ``grace`` seconds and release everything."""
+        """Answer whatever is left 503, let started forwards finish within ``grace`` s, release everything."""
 
     async def encode(self, body: object) -> InlineAnswer | None:
         """Answer one /encode body (the inline answer, or None once pushed); raises EncoderError."""
 
     async def health(self) -> None:
-        """Raise NotReady unless a real encode works."""
+        """Raise NotReady (or Draining) unless a real encode succeeded recently; answers from state at once."""
 
     def metrics_text(self) -> bytes:
         """Prometheus text exposition."""

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 
 from encoder_pod.api.engine import Engine
 from encoder_pod.api.json_body import SMALL_BODY, PiecesResponse, parse_large
+from encoder_pod.api.lifecycle import DrainGate, Lifecycle
 from encoder_pod.api.openapi import ENCODE_OPENAPI
 from encoder_pod.errors import EncoderError, InvalidRequest, PayloadTooLarge
 from encoder_pod.metrics import EdgeMetrics
@@ -32,6 +33,9 @@ CONTROL_BODY_LIMIT = 64 * 1024
 
 CLIENT_GONE = 499
 """Status recorded (never sent) for a request whose caller disconnected (nginx's convention)."""
+
+STOP_GRACE_S = 2.0
+"""After the drain: how long forwards still running (their callers already answered) may take."""
 
 
 def error_body(message: str, req_id: str | None) -> dict[str, Any]:
@@ -58,6 +62,15 @@ async def _read_body(request: Request, limit: int, offload: Offload) -> Any:
         raise InvalidRequest(f"body is not valid JSON ({exc})") from None
 
 
+async def _discard_body(request: Request, limit: int) -> None:
+    """Read and drop the body (up to ``limit``): answering before it is read would reset the connection."""
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return
+
+
 async def _read_object(request: Request, limit: int, offload: Offload, empty_ok: bool = False) -> dict[str, Any]:
     """A JSON object body (small control endpoints); an empty body is ``{}`` when ``empty_ok``."""
     if empty_ok and not (await request.body()).strip():
@@ -79,7 +92,8 @@ def _install_error_table(app: FastAPI) -> None:
 
     @app.exception_handler(EncoderError)
     async def _encoder_error(request: Request, exc: EncoderError) -> JSONResponse:
-        return JSONResponse(error_body(exc.message, exc.req_id), status_code=exc.http_status)
+        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+        return JSONResponse(error_body(exc.message, exc.req_id), status_code=exc.http_status, headers=headers)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
@@ -95,7 +109,8 @@ def _lifespan(
         await engine.start()
         freeze_startup_objects()  # the web stack; a local model is frozen once it is loaded
         yield
-        await engine.shutdown(grace=settings.admission.req_timeout)
+        # The drain (encoder_pod.server) already waited for what was admitted: stop promptly.
+        await engine.shutdown(grace=STOP_GRACE_S)
         offload.close()
 
     return lifespan
@@ -108,20 +123,24 @@ def _answer(answer: InlineAnswer | None) -> Response:
     return PiecesResponse(answer.render())
 
 
-def create_app(settings: EncoderSettings, engine: Engine) -> FastAPI:
-    """The encoder pod's HTTP app over ``engine``."""
+def create_app(settings: EncoderSettings, engine: Engine, lifecycle: Lifecycle | None = None) -> FastAPI:
+    """The encoder pod's HTTP app over ``engine``; ``lifecycle`` is the drain state the server drives."""
     offload = Offload(name="http-offload")
+    lifecycle = lifecycle or Lifecycle()
     app = FastAPI(title="encoderpool encoder pod", version="0.1.0", lifespan=_lifespan(engine, settings, offload))
     app.state.engine = engine
+    app.state.lifecycle = lifecycle
+    app.add_middleware(DrainGate, lifecycle=lifecycle)
     _install_error_table(app)
-    _install_encode(app, settings, engine, offload)
-    _install_probes(app, engine)
+    _install_encode(app, settings, engine, offload, lifecycle)
+    _install_probes(app, engine, lifecycle)
     _install_control(app, engine, offload)
     return app
 
 
-def _install_encode(app: FastAPI, settings: EncoderSettings, engine: Engine, offload: Offload) -> None:
+def _install_encode(app: FastAPI, settings: EncoderSettings, engine: Engine, offload: Offload, lifecycle: Lifecycle) -> None:
     metrics = EdgeMetrics(engine.registry)
+    drain_timeout = settings.drain_timeout_s()
 
     @app.post("/encode", openapi_extra=ENCODE_OPENAPI)
     async def encode(request: Request) -> Response:
@@ -129,15 +148,22 @@ def _install_encode(app: FastAPI, settings: EncoderSettings, engine: Engine, off
         started = time.perf_counter()
         code, req_id = 200, None
         try:
+            if lifecycle.arrived_draining(request.scope):  # new work during a drain; earlier arrivals go on
+                await _discard_body(request, settings.server.max_request_bytes)
+                raise lifecycle.refusal()
             body = await _read_body(request, settings.server.max_request_bytes, offload)
             req_id = body.get("req_id") if isinstance(body, dict) else None
             task = asyncio.ensure_future(engine.encode(body))
             watcher = asyncio.ensure_future(_until_disconnect(request))
-            done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            waits: set[asyncio.Future[Any]] = {task, watcher, lifecycle.expired}
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             if task not in done:
                 task.cancel()
-                code = CLIENT_GONE
                 await asyncio.gather(task, return_exceptions=True)
+                if watcher not in done:  # the drain ran out of time: answered, not dropped
+                    watcher.cancel()
+                    raise lifecycle.expiry_error(drain_timeout)
+                code = CLIENT_GONE
                 return Response(status_code=CLIENT_GONE)
             watcher.cancel()
             return _answer(task.result())
@@ -153,7 +179,13 @@ def _install_encode(app: FastAPI, settings: EncoderSettings, engine: Engine, off
             metrics.request_latency.observe(time.perf_counter() - started)
 
 
-def _install_probes(app: FastAPI, engine: Engine) -> None:
+def _install_probes(app: FastAPI, engine: Engine, lifecycle: Lifecycle) -> None:
+    async def ready() -> Response:
+        if lifecycle.draining:
+            raise lifecycle.refusal()
+        await engine.health()
+        return Response(status_code=200)
+
     @app.get("/livez")
     async def livez() -> dict[str, str]:
         """Liveness: 200 whenever this process's event loop answers; touches no engine, queue or model."""
@@ -161,15 +193,13 @@ def _install_probes(app: FastAPI, engine: Engine) -> None:
 
     @app.get("/health")
     async def health() -> Response:
-        """200 when a real tiny encode works (or live traffic just proved it), else 503."""
-        await engine.health()
-        return Response(status_code=200)
+        """Readiness: 200 when a real tiny encode (or live traffic) succeeded recently; 503 loading, failed or draining."""
+        return await ready()
 
     @app.get("/health_generate")
     async def health_generate() -> Response:
-        """Same probe as /health (SGLang's name; the readiness probe uses it)."""
-        await engine.health()
-        return Response(status_code=200)
+        """Same probe as /health (SGLang's name)."""
+        return await ready()
 
     @app.get("/metrics")
     async def metrics_route() -> Response:

@@ -23,7 +23,7 @@ from encoder_pod.batching.entry import PendingEntry, as_encoder_error
 from encoder_pod.batching.formation import BatchLimits, take_batch
 from encoder_pod.errors import EncoderError, ShuttingDown, SliceMismatch
 from encoder_pod.metrics import ReplicaMetrics
-from encoder_pod.models.base import EncodedPart, EncoderAdapter, PreparedBatch
+from encoder_pod.models.base import EncodedPart, EncoderAdapter, MediaItem, PreparedBatch
 from encoder_pod.settings import BatchingSettings
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,14 @@ class BatchScheduler:
     def depth(self) -> int:
         """Requests submitted and not yet taken into a batch."""
         return len(self._waiting) + self._inbox.qsize()
+
+    async def probe(self, items: list[MediaItem]) -> EncodedPart:
+        """The priority lane (readiness probes): preprocess on a thread of its own, then the forward
+        on the model thread right after the one in progress, ahead of every prepared or waiting
+        batch (the runner hands the model thread one forward at a time). Not a batch: no batch metrics."""
+        prepared = await asyncio.to_thread(self._adapter.preprocess, [items])
+        parts = await asyncio.get_running_loop().run_in_executor(self.model_exec, self._forward, prepared)
+        return parts[0]
 
     # --- stage 1: forming and preprocessing -----------------------------------------------
     async def _pull(self, timeout: float | None) -> bool:

@@ -24,7 +24,16 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
 from encoder_pod.batching.admission import Admission
-from encoder_pod.errors import EncoderError, InvalidRequest, NotReady, RequestTimeout, ShuttingDown, WorkerDied
+from encoder_pod.errors import (
+    DRAINING_MESSAGE,
+    Draining,
+    EncoderError,
+    InvalidRequest,
+    NotReady,
+    RequestTimeout,
+    ShuttingDown,
+    WorkerDied,
+)
 from encoder_pod.metrics import render
 from encoder_pod.offload import Offload
 from encoder_pod.parallel.affinity import ReqAffinity
@@ -34,7 +43,6 @@ from encoder_pod.parallel.ipc import IpcDir
 from encoder_pod.parallel.key_routing import KeyRouting, pod_cache_info, request_keys
 from encoder_pod.parallel.messages import (
     ControlOp,
-    Drain,
     Error,
     Frame,
     Message,
@@ -42,7 +50,6 @@ from encoder_pod.parallel.messages import (
     Result,
     Status,
     encode_frames,
-    pack,
     unpack,
 )
 from encoder_pod.parallel.placement import plan, usable_cpus
@@ -51,6 +58,7 @@ from encoder_pod.parallel.router import NoWorker, Router
 from encoder_pod.parallel.supervisor import Supervisor
 from encoder_pod.parallel.tensor.plans import check_divisible
 from encoder_pod.protocol import EncodeRequest, parse_encode_request
+from encoder_pod.readiness import STALE_HEARTBEAT_S
 from encoder_pod.settings import EncoderSettings, TransferBackend, model_dir
 from encoder_pod.transfer.inline import InlineAnswer
 from encoder_pod.transfer.receive_urls import parse_registration
@@ -59,8 +67,6 @@ log = logging.getLogger(__name__)
 
 BACKSTOP_S = 2.0
 """Past the request deadline, how long the front waits for the worker's own typed 504."""
-FRESH_HEARTBEAT_S = 2.0
-"""A heartbeat this recent shows the rank's event loop is alive (they come every 0.5 s)."""
 
 
 class FrontState(str, Enum):
@@ -70,6 +76,7 @@ class FrontState(str, Enum):
     READY = "ready"
     DEGRADED = "degraded"
     FAILED = "failed"
+    DRAINING = "draining"
     STOPPING = "stopping"
 
 
@@ -101,6 +108,7 @@ class DataParallelFront:
         self._calls = Calls(admission.req_timeout)
         self._keys = KeyRouting(self._registry) if settings.cache.cache_size_mb else None
         self._offload = Offload(name="front-offload")
+        self._draining = False
         self._stopping = False
         self._ipc: IpcDir | None = None
         self._zctx: zmq.asyncio.Context | None = None
@@ -132,24 +140,29 @@ class DataParallelFront:
             self.settings.parallel.dp_size, self.settings.parallel.tp_size, self._ipc.path,
         )
 
-    def begin_shutdown(self) -> None:
-        """Stop admitting; waiting requests and every worker's queued ones get 503. Idempotent."""
-        if self._stopping:
+    def begin_drain(self) -> None:
+        """SIGTERM: readiness turns 503 (``draining``); admitted requests, waiting for a worker slot
+        or held by a worker, go on. New ones are refused at the HTTP edge. The workers are not
+        told: they finish what they hold and stop when :meth:`shutdown` says so."""
+        if self._draining:
             return
+        self._draining = True
+        log.info("draining: %d admitted requests finish", self._admission.in_flight)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until every admitted request was answered (or ``timeout`` passed); True when idle."""
+        return await self._admission.wait_idle(timeout)
+
+    async def shutdown(self, grace: float = 10.0) -> None:
+        """Stop: requests still waiting for a worker get 503, workers finish within ``grace`` and
+        exit, the IPC files are removed."""
         self._stopping = True
         self._admission.close()
         waiting = self._router.fail_waiters(NoWorker)
+        if waiting:
+            log.info("stopping: %d requests waiting for a worker answered 503", waiting)
         if self._supervisor is not None:
-            self._supervisor.broadcast(pack(Drain()))
-        log.info("shutting down: %d requests waiting for a worker answered 503; workers draining", waiting)
-
-    async def shutdown(self, grace: float = 10.0) -> None:
-        """Let in-flight requests finish within ``grace``, stop the workers, remove the IPC files."""
-        self.begin_shutdown()
-        deadline = time.monotonic() + grace
-        await self._admission.wait_idle(grace)
-        if self._supervisor is not None:
-            await self._supervisor.stop(max(1.0, deadline - time.monotonic()))
+            await self._supervisor.stop(grace)
         if self._recv_task is not None:
             self._recv_task.cancel()
             await asyncio.gather(self._recv_task, return_exceptions=True)
@@ -262,10 +275,7 @@ class DataParallelFront:
         try:
             self._dp_metrics.routed.labels(rank=str(rank)).inc()
             handle = self._handles()[rank]
-            answer = await self._calls.call(handle, call_id, frames, deadline + BACKSTOP_S)
-            if handle.current is not None:
-                handle.current.success.record()
-            return answer
+            return await self._calls.call(handle, call_id, frames, deadline + BACKSTOP_S)
         finally:
             self._router.release(rank)
 
@@ -282,31 +292,36 @@ class DataParallelFront:
 
     # --- fan-out: health, profiling, receive URLs -------------------------------------------
     async def health(self) -> None:
-        """503 unless every rank is ready and passes its own probe (a real tiny encode)."""
+        """503 unless every rank is ready, heard from within STALE_HEARTBEAT_S and its own verdict
+        (a real tiny encode or live traffic, kept by the worker) is ready. From state only: this
+        never calls a worker, so a hung one makes it 503 at once, not a timeout."""
         if self._stopping:
             raise ShuttingDown("server is shutting down")
+        if self._draining:
+            raise Draining(DRAINING_MESSAGE)
         handles = self._handles()
-        down = [h for h in handles if h.state is not RankState.READY]
-        if down:
-            if not self._router.any_ready:
-                raise self._no_worker()
-            raise NotReady("; ".join(f"worker {h.rank} is {h.state.value}" for h in down))
-        if all(self._proven(h) for h in handles):
-            return  # live traffic just proved every rank; a probe would only queue behind it
-        timeout = self.settings.observability.health_timeout + 1
-        answers = await asyncio.gather(
-            *(self._calls.control(h, ControlOp.HEALTH, {}, timeout) for h in handles), return_exceptions=True
-        )
-        failures = [(h.rank, a) for h, a in zip(handles, answers) if isinstance(a, BaseException)]
-        if failures:
-            raise NotReady("; ".join(f"worker {rank}: {getattr(err, 'message', err)}" for rank, err in failures))
-
-    @staticmethod
-    def _proven(handle: WorkerRecord) -> bool:
-        """Recent success of this incarnation, and its event loop still heard from."""
-        inc = handle.current
         now = time.monotonic()
-        return inc is not None and inc.success.proves_ready(now) and now - inc.last_seen < FRESH_HEARTBEAT_S
+        problems = [p for p in (self._rank_problem(h, now) for h in handles) if p is not None]
+        if not problems:
+            return
+        if not any(h.state is RankState.READY for h in handles):
+            raise self._no_worker()
+        raise NotReady("; ".join(problems))
+
+    def _rank_problem(self, handle: WorkerRecord, now: float) -> str | None:
+        """Why this rank is not ready (None when it is)."""
+        inc = handle.current
+        if handle.state is not RankState.READY or inc is None:
+            return f"worker {handle.rank} is {handle.state.value}"
+        silent = now - inc.last_seen
+        if silent > STALE_HEARTBEAT_S:
+            return (
+                f"worker {handle.rank} has sent no heartbeat for {silent:.1f}s (hung or stopped; killed at "
+                f"{self.settings.parallel.dp_heartbeat_timeout:g}s, ENCODER_DP_HEARTBEAT_TIMEOUT)"
+            )
+        if not inc.healthy:
+            return f"worker {handle.rank}: {inc.health_error or 'not ready'}"
+        return None
 
     async def _fan_out(self, op: ControlOp, args_of: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
         ready = [h for h in self._handles() if h.state is RankState.READY]
@@ -378,6 +393,8 @@ class DataParallelFront:
     def _state(self, handles: list[WorkerRecord]) -> FrontState:
         if self._stopping:
             return FrontState.STOPPING
+        if self._draining:
+            return FrontState.DRAINING
         states = {h.state for h in handles}
         if RankState.FAILED in states:
             return FrontState.FAILED

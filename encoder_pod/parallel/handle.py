@@ -24,7 +24,7 @@ from encoder_pod.errors import NotReady, WorkerDied
 from encoder_pod.parallel.messages import Frame
 from encoder_pod.parallel.placement import Placement
 from encoder_pod.parallel.router import Router
-from encoder_pod.readiness import LoadStep, ReplicaState, SuccessClock
+from encoder_pod.readiness import LoadStep, ReplicaState
 
 SNDHWM = 100_000
 """Messages queued per worker inbox; far above DP_WORKER_MAX_INFLIGHT, so full means gone."""
@@ -58,8 +58,11 @@ class Incarnation:
     step: LoadStep | None = LoadStep.IMPORTING
     info: dict[str, Any] | None = None
     metrics: bytes | None = None
-    success: SuccessClock = field(default_factory=SuccessClock)
-    """When it last answered an /encode with success."""
+    healthy: bool = False
+    """Its replica's readiness verdict, as last reported."""
+    health_error: str | None = None
+    stalled: bool = False
+    """Its tensor-parallel group reported a silent rank."""
     kill_reason: str | None = None
     """Set when the front itself killed the process (hung), so its death is counted as that."""
     calls: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
@@ -151,6 +154,8 @@ class WorkerRecord:
             "placement": self.placement.describe(),
             "starting_for_s": round(now - inc.spawned_at, 1) if inc is not None and self.state is RankState.STARTING else None,
             "restart_in_s": round(max(0.0, self.restart_at - now), 1) if restarting and self.restart_at else None,
+            "health": (inc.health_error or "ready") if inc is not None and inc.heard_from else None,
+            "heartbeat_s_ago": round(now - inc.last_seen, 2) if inc is not None and inc.heard_from else None,
             "pending": router.pending[self.rank],
             "routed": router.routed[self.rank],
             "queue_depth": info.get("queue_depth", 0),

@@ -26,7 +26,7 @@ from encoder_pod.readiness import LoadStep, ReplicaState
 Frame = bytes | bytearray | memoryview
 """One raw frame of a multipart message."""
 
-WIRE_VERSION = 2
+WIRE_VERSION = 3
 """Bumped on any change of a struct; both ends are one install, so a mismatch is a bug."""
 
 
@@ -61,7 +61,6 @@ class MsgKind(IntEnum):
     ENCODE = 1
     CANCEL = 2
     CALL = 3
-    DRAIN = 4
     STOP = 5
     STATUS = 20
     RESULT = 21
@@ -71,7 +70,6 @@ class MsgKind(IntEnum):
 class ControlOp(str, Enum):
     """What a :class:`Call` asks a worker to do (fanned out to every rank by the front)."""
 
-    HEALTH = "health"
     START_PROFILE = "start_profile"
     STOP_PROFILE = "stop_profile"
     RECEIVE_URL = "receive_url"
@@ -108,13 +106,6 @@ class Call:
 
 
 @dataclass(frozen=True)
-class Drain:
-    """Front -> worker: stop admitting and answer every request that has not started (503)."""
-
-    KIND: ClassVar[MsgKind] = MsgKind.DRAIN
-
-
-@dataclass(frozen=True)
 class Stop:
     """Front -> worker: finish started batches within ``grace_s``, then exit."""
 
@@ -138,6 +129,12 @@ class Status:
     error: str | None = None
     info: dict[str, Any] | None = None
     metrics: bytes | None = None
+    healthy: bool = False
+    """The replica's readiness verdict: what /health says for this rank."""
+    health_error: str | None = None
+    """Why it is not ready (None when healthy)."""
+    stalled: bool = False
+    """A rank of its tensor-parallel group stopped sending heartbeats: route nothing new here."""
 
 
 @dataclass(frozen=True)
@@ -180,9 +177,9 @@ class Error:
         return EncoderError.from_kind(self.kind, self.message, self.req_id)
 
 
-Message = Encode | Cancel | Call | Drain | Stop | Status | Result | Error
+Message = Encode | Cancel | Call | Stop | Status | Result | Error
 _STRUCTS: dict[MsgKind, type[Any]] = {
-    cls.KIND: cls for cls in (Encode, Cancel, Call, Drain, Stop, Status, Result, Error)
+    cls.KIND: cls for cls in (Encode, Cancel, Call, Stop, Status, Result, Error)
 }
 
 

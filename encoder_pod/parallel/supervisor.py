@@ -21,12 +21,12 @@ from encoder_pod.errors import NotReady, WorkerDied
 from encoder_pod.exitcodes import ExitCode
 from encoder_pod.parallel.handle import SNDHWM, Incarnation, RankState, WorkerRecord
 from encoder_pod.parallel.ipc import IpcDir
-from encoder_pod.parallel.messages import Frame, Status, Stop, WorkerSpec, pack
+from encoder_pod.parallel.messages import Status, Stop, WorkerSpec, pack
 from encoder_pod.parallel.placement import Placement
 from encoder_pod.parallel.ranked_metrics import DataParallelMetrics
 from encoder_pod.parallel.router import Router
 from encoder_pod.parallel.worker import run_worker
-from encoder_pod.readiness import ReplicaState
+from encoder_pod.readiness import STALE_HEARTBEAT_S, ReplicaState
 from encoder_pod.settings import EncoderSettings
 
 log = logging.getLogger(__name__)
@@ -37,8 +37,11 @@ STABLE_S = 60.0
 """A worker ready this long before it died starts its backoff over (its death was not a loop)."""
 PROGRESS_LOG_S = 10.0
 """How often a slow model load is logged."""
-FIRST_HEARTBEAT_S = 60.0
-"""Silence allowed before a new worker's first heartbeat (interpreter start on a busy host), at least."""
+LOADING_SILENCE_S = 60.0
+"""Silence allowed while a worker is starting (interpreter start, imports, weights, warmup on a
+busy host), at least; ENCODER_DP_HEARTBEAT_TIMEOUT applies once it is ready."""
+LIVENESS_TICK_S = 0.25
+"""How often heartbeats are checked for staleness."""
 
 
 def restart_delay(base: float, quick_deaths: int) -> float:
@@ -90,6 +93,8 @@ class Supervisor:
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._liveness: asyncio.Task[None] | None = None
+        self._benched: set[int] = set()
+        """Ready ranks taken out of routing while they are silent or their group is stalled."""
 
     def start_all(self) -> None:
         """Spawn every worker (returns at once; each reports ready when its model is loaded)."""
@@ -103,18 +108,21 @@ class Supervisor:
         """Kill a worker whose heartbeats stopped (a wedged event loop, SIGSTOP, a stuck driver call).
 
         Heartbeats come from the worker's event loop, which never runs model work, so silence
-        means the process can no longer answer anything; its death then takes the usual path.
+        means the process can no longer answer anything. Silent for STALE_HEARTBEAT_S, it gets no
+        new traffic (and /health says so); silent for ENCODER_DP_HEARTBEAT_TIMEOUT, it is killed
+        and its death takes the usual path (held requests 503, restart).
         """
         timeout = self.settings.parallel.dp_heartbeat_timeout
         while True:
-            await asyncio.sleep(min(1.0, timeout / 4))
+            await asyncio.sleep(LIVENESS_TICK_S)
             now = time.monotonic()
             for handle in self.handles:
                 inc = handle.current
                 if inc is None or not inc.alive or inc.kill_reason or handle.state not in (RankState.STARTING, RankState.READY):
                     continue
+                self._route_if_fit(handle, inc, now)
                 silent = now - inc.last_seen
-                if silent > (timeout if inc.heard_from else max(timeout, FIRST_HEARTBEAT_S)):
+                if silent > (timeout if handle.state is RankState.READY else max(timeout, LOADING_SILENCE_S)):
                     inc.kill_reason = "hung"
                     log.error(
                         "rank %d: no heartbeat from pid %d for %.1fs (ENCODER_DP_HEARTBEAT_TIMEOUT); killing it",
@@ -156,6 +164,7 @@ class Supervisor:
             return  # a late heartbeat of a dead incarnation
         inc.last_seen, inc.heard_from = time.monotonic(), True
         inc.replica, inc.step = msg.state, msg.step
+        inc.healthy, inc.health_error, inc.stalled = msg.healthy, msg.health_error, msg.stalled
         inc.info = msg.info if msg.info is not None else inc.info
         if msg.error:
             handle.last_error = msg.error
@@ -163,6 +172,25 @@ class Supervisor:
             return
         inc.metrics = msg.metrics if msg.metrics is not None else inc.metrics
         self._follow(handle, inc, msg)
+        self._route_if_fit(handle, inc, inc.last_seen)
+
+    def _route_if_fit(self, handle: WorkerRecord, inc: Incarnation, now: float) -> None:
+        """A ready rank takes traffic only while its replica serves, it is heard from and its group is whole."""
+        if handle.state is not RankState.READY or self._stopping:
+            return
+        silent = now - inc.last_seen
+        fit = inc.replica is ReplicaState.READY and not inc.stalled and silent <= STALE_HEARTBEAT_S
+        if fit == self._router.is_ready(handle.rank):
+            return
+        self._router.set_ready(handle.rank, fit)
+        self._metrics.up.labels(rank=str(handle.rank)).set(1 if fit else 0)
+        if not fit:
+            self._benched.add(handle.rank)
+            why = inc.health_error if inc.stalled else f"no heartbeat for {silent:.1f}s" if silent > STALE_HEARTBEAT_S else inc.replica.value
+            log.warning("rank %d: no new traffic (%s)", handle.rank, why)
+        elif handle.rank in self._benched:
+            self._benched.discard(handle.rank)
+            log.info("rank %d: heard from again; takes traffic", handle.rank)
 
     def _follow(self, handle: WorkerRecord, inc: Incarnation, msg: Status) -> None:
         """The rank's state follows what its replica reports."""
@@ -170,16 +198,10 @@ class Supervisor:
         if msg.state is ReplicaState.READY and handle.state is RankState.STARTING:
             handle.state, inc.ready_at = RankState.READY, now
             handle.failed_starts, handle.last_error = 0, None
-            self._metrics.up.labels(rank=str(handle.rank)).set(1)
-            self._router.set_ready(handle.rank, True)
             log.info("rank %d: ready in %.1fs (pid %d)", handle.rank, now - inc.spawned_at, inc.pid)
         elif msg.state is ReplicaState.LOADING and now >= inc.next_progress_log:
             inc.next_progress_log = now + PROGRESS_LOG_S
             log.info("rank %d: still loading (%s, %.0fs)", handle.rank, inc.phase, msg.elapsed_s)
-        elif msg.state is ReplicaState.STOPPING and handle.state is RankState.READY and not self._stopping:
-            # Someone sent the worker alone a SIGTERM: it drains, so it gets no new traffic.
-            self._router.set_ready(handle.rank, False)
-            self._metrics.up.labels(rank=str(handle.rank)).set(0)
 
     # --- death and restart ------------------------------------------------------------------
     def _on_exit(self, handle: WorkerRecord, inc: Incarnation) -> None:
@@ -190,6 +212,7 @@ class Supervisor:
             return
         generation = inc.generation
         handle.state = RankState.STOPPED if self._stopping else RankState.RESTARTING
+        self._benched.discard(handle.rank)
         self._router.set_ready(handle.rank, False)
         self._metrics.up.labels(rank=str(handle.rank)).set(0)
         inc.close()
@@ -261,14 +284,6 @@ class Supervisor:
             self._schedule_restart(handle, ready_at=None)
 
     # --- stop -------------------------------------------------------------------------------
-    def broadcast(self, frames: list[Frame]) -> None:
-        """Send one message to every running worker; a worker that cannot take it is skipped."""
-        for handle in self.handles:
-            try:
-                handle.send(frames)
-            except (WorkerDied, NotReady):
-                continue
-
     async def stop(self, grace: float) -> None:
         """Tell every worker to finish within ``grace``, wait for them, kill stragglers."""
         self._stopping = True

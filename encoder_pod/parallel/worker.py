@@ -30,7 +30,6 @@ from encoder_pod.parallel.messages import (
     Call,
     Cancel,
     ControlOp,
-    Drain,
     Encode,
     Error,
     Frame,
@@ -44,7 +43,7 @@ from encoder_pod.parallel.messages import (
     request_from_wire,
     unpack,
 )
-from encoder_pod.readiness import LoadStep, ReplicaState
+from encoder_pod.readiness import STALE_HEARTBEAT_S, LoadStep, ReplicaState
 from encoder_pod.settings import EncoderSettings
 from encoder_pod.transfer.inline import InlineAnswer
 
@@ -90,6 +89,7 @@ class WorkerServer:
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._stop_grace: float | None = None
         self._stop = asyncio.Event()
+        self._draining: asyncio.Future[None] | None = None
         # Sockets are made in run(), on the loop that uses them.
         self._ctx: zmq.asyncio.Context
         self._inbox: zmq.asyncio.Socket
@@ -177,10 +177,20 @@ class WorkerServer:
         loop.add_reader(parent.sentinel, orphaned)
 
     def _on_sigterm(self) -> None:
-        """A SIGTERM sent to this worker alone (or the whole group): drain, then stop."""
+        """A SIGTERM sent to this worker alone (or to the whole process group): drain, then stop.
+
+        The front sees the DRAINING state in the next heartbeat and routes nothing new here; what
+        this worker holds finishes (within ENCODER_DRAIN_TIMEOUT) and is answered before it exits.
+        """
+        if self._draining is not None:
+            return
         log.info("SIGTERM: draining")
+        self._draining = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
         if self.runtime is not None:
-            self.runtime.begin_shutdown()
+            self.runtime.begin_drain()
+            await self.runtime.wait_idle(self.settings.drain_timeout_s())
         self._stop.set()
 
     # --- messages ---------------------------------------------------------------------------
@@ -206,9 +216,6 @@ class WorkerServer:
             task = self._tasks.get(msg.call_id)
             if task is not None:
                 task.cancel()
-        elif isinstance(msg, Drain):
-            if self.runtime is not None:
-                self.runtime.begin_shutdown()
         elif isinstance(msg, Stop):
             self._stop_grace = msg.grace_s
             self._stop.set()
@@ -262,8 +269,6 @@ class WorkerServer:
         async def work() -> Any:
             if self.runtime is None:
                 raise NotReady("model is still loading")
-            if msg.op is ControlOp.HEALTH:
-                return await self.runtime.health()
             if msg.op is ControlOp.START_PROFILE:
                 return await self.runtime.start_profile(msg.args)
             if msg.op is ControlOp.STOP_PROFILE:
@@ -282,11 +287,17 @@ class WorkerServer:
         state: ReplicaState = ReplicaState.LOADING
         step: LoadStep | None = LoadStep.IMPORTING
         info = metrics = error = None
+        health_error: str | None = "model is still loading"
         if rt is not None:
             state, step, error = rt.state, rt.step, rt.load_error
             info = rt.info()
             info.pop("settings", None)  # the front shows the settings once
             metrics = rt.metrics_text()
+            not_ready = rt.not_ready()
+            health_error = not_ready.message if not_ready is not None else None
+        silent = self.group.silent_followers(STALE_HEARTBEAT_S) if self.group is not None else []
+        if silent:
+            health_error = "; ".join(f"tensor-parallel rank {r} sent no heartbeat for {s:.1f}s" for r, s in silent)
         return Status(
             rank=self.spec.rank,
             generation=self.spec.generation,
@@ -297,6 +308,9 @@ class WorkerServer:
             error=error,
             info=info,
             metrics=metrics,
+            healthy=health_error is None,
+            health_error=health_error,
+            stalled=bool(silent),
         )
 
     async def _heartbeat_loop(self) -> None:

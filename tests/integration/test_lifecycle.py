@@ -1,4 +1,4 @@
-"""Admission, timeouts, disconnects, duplicates, health and shutdown on a real server.
+"""Admission, timeouts, disconnects, duplicates and health on a real server (the drain: test_drain.py).
 
 Slowness comes from real sources: a media host that holds its responses (a slow origin) and a
 moderate-size checkpoint encoding many images (a busy model).
@@ -7,13 +7,15 @@ moderate-size checkpoint encoding many images (a busy model).
 from __future__ import annotations
 
 import asyncio
-import signal
+import base64
+import io
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from PIL import Image
 
 from encoder_pod.errors import NotReady
 from encoder_pod.models.registry import load_adapter
@@ -29,6 +31,13 @@ pytestmark = pytest.mark.integration
 
 def _held_env(**extra: str) -> dict[str, str]:
     return {"ENCODER_ALLOW_URL_FETCH": "true", "ENCODER_ALLOWED_URL_HOSTS": "127.0.0.1", **extra}
+
+
+def _flat_png(side: int) -> str:
+    """A solid-colour PNG: decoded at once, a full-size image for the model."""
+    buf = io.BytesIO()
+    Image.new("RGB", (side, side), (200, 30, 30)).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 def _wait_inflight(server: EncoderServer, n: int, timeout: float = 20) -> None:
@@ -67,9 +76,12 @@ def test_timeout_504_and_queued_work_dropped(tiny_model):
     """Requests stuck behind a long batch get 504 after REQ_TIMEOUT; their work never runs."""
     env = {"ENCODER_REQ_TIMEOUT": "1.5", "ENCODER_MAX_BATCH_SIZE": "1"}
     with EncoderServer(tiny_model("clip", preset="moderate"), env=env) as server, ThreadPoolExecutor(4) as pool:
-        big = pool.submit(encode, server.base_url, "big", [png_data_uri(224, 224, seed=i) for i in range(150)])
-        _wait_inflight(server, 1)
-        time.sleep(0.3)
+        big = pool.submit(encode, server.base_url, "big", [_flat_png(224)] * 150)
+        # The small ones must queue behind the big batch: wait until its items are decoded.
+        deadline = time.monotonic() + 30
+        while server.metric("encoder_decode_seconds_count") < 1:
+            assert time.monotonic() < deadline, server.log_text()
+            time.sleep(0.02)
         small = [pool.submit(encode, server.base_url, f"s{i}", [png_data_uri(32, 32)]) for i in range(3)]
         answers = [f.result() for f in small] + [big.result()]
         assert [r.status_code for r in answers] == [504] * 4, [r.text for r in answers]
@@ -79,7 +91,7 @@ def test_timeout_504_and_queued_work_dropped(tiny_model):
         while server.metric("encoder_dropped_requests_total", 'reason="timeout"') < 3:
             assert time.monotonic() < deadline, server.log_text()
             time.sleep(0.2)
-        assert server.metric("encoder_batch_items_sum") == 150 + 1  # + the start-up health encode
+        assert server.metric("encoder_batch_items_sum") == 150  # probe encodes are not batches
         assert httpx.get(server.base_url + "/health", timeout=30).status_code == 200
 
 
@@ -99,24 +111,7 @@ def test_disconnected_client_work_is_dropped(tiny_model):
             assert time.monotonic() < deadline, server.log_text()
             time.sleep(0.1)
         # Only the big request was ever encoded.
-        assert server.metric("encoder_batch_items_sum") == 100 + 1  # + the start-up health encode
-
-
-def test_sigterm_answers_every_queued_request(tiny_model):
-    with MediaHost() as host:
-        server = EncoderServer(tiny_model("qwen2_vl"), env=_held_env()).start()
-        with ThreadPoolExecutor(4) as pool:
-            futures = [pool.submit(encode, server.base_url, f"t{i}", [host.base_url + "/held/40x40.png"]) for i in range(4)]
-            _wait_inflight(server, 4)
-            server.proc.send_signal(signal.SIGTERM)
-            time.sleep(0.5)
-            host.release()
-            answers = [f.result() for f in futures]
-        assert all(r.status_code == 503 for r in answers), [r.text for r in answers]
-        assert all("shutting down" in r.json()["message"] for r in answers)
-        # uvicorn re-raises the signal it handled once shutdown is complete.
-        assert server.proc.wait(30) in (0, -signal.SIGTERM)
-        server.stop()
+        assert server.metric("encoder_batch_items_sum") == 100  # probe encodes are not batches
 
 
 def test_health_503_while_loading_then_200(tiny_model):

@@ -1,6 +1,6 @@
 """A follower rank (1..T-1) of a tensor-parallel group: receive a header, its tensors, forward, discard.
 
-Started by rank 0 as ``python -m encoder_pod.parallel.tensor.follower SPEC_JSON PIPE_FD`` (a fresh
+Started by rank 0 as ``python -m encoder_pod.parallel.tensor.follower SPEC_JSON PIPE_FD BEAT_FD`` (a fresh
 interpreter: the data-parallel worker is a daemon process and may not use multiprocessing
 children). It never sees a request: only tensors rank 0 already validated and preprocessed. It
 starts and stops its own torch profiler when rank 0's header says so (PROFILE_START / PROFILE_STOP,
@@ -19,6 +19,7 @@ import sys
 import threading
 
 from encoder_pod.exitcodes import ExitCode
+from encoder_pod.parallel.tensor.beats import beat_forever
 from encoder_pod.parallel.tensor.messages import FollowerSpec, Header, Op, WireError, rank_dir
 from encoder_pod.profiling import TorchProfiler
 from encoder_pod.settings import EncoderSettings
@@ -41,11 +42,12 @@ def _watch_leader(fd: int) -> None:
 
 def main(argv: list[str]) -> int:
     """Entry point: join the group, then follow rank 0's headers until STOP."""
-    spec_json, pipe_fd = argv[1], int(argv[2])
+    spec_json, pipe_fd, beat_fd = argv[1], int(argv[2]), int(argv[3])
     # Ctrl-C reaches the whole process group; rank 0 decides how the group stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watch_leader(pipe_fd)
     spec = FollowerSpec.from_json(spec_json)
+    beat_forever(beat_fd, spec.rank)  # before torch loads: rank 0 hears this process from the start
     settings = EncoderSettings.model_validate_json(spec.settings_json)
     logging.basicConfig(
         level=settings.observability.log_level.upper(),

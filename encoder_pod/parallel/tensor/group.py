@@ -37,6 +37,7 @@ from encoder_pod.errors import InvalidRequest
 from encoder_pod.exitcodes import ExitCode
 from encoder_pod.modality import Modality
 from encoder_pod.models.base import BaseAdapter, EncodedPart, MediaItem, PreparedBatch, warm_up
+from encoder_pod.parallel.tensor.beats import BeatReader
 from encoder_pod.parallel.tensor.channel import Channel, metas_of
 from encoder_pod.parallel.tensor.member import is_collective_failure, join, leave, open_store
 from encoder_pod.parallel.tensor.messages import FollowerSpec, Header, Op, rank_dir
@@ -61,6 +62,7 @@ class TensorParallelGroup:
         self._channel: Channel | None = None
         self._followers: list[subprocess.Popen[bytes]] = []
         self._pipe_w: int | None = None
+        self._beats: BeatReader | None = None
         self._serving = False
         self._closing = threading.Event()
         self._keepalive: threading.Thread | None = None
@@ -82,6 +84,8 @@ class TensorParallelGroup:
         self._start_followers(store.port)
         adapter, self._channel = join(self.settings, store, 0)
         self._serving = True
+        if self._beats is not None:
+            self._beats.serving()
         self._keepalive = threading.Thread(target=self._keepalive_loop, name="tp-keepalive", daemon=True)
         self._keepalive.start()
         return TensorParallelAdapter(adapter, self)
@@ -95,16 +99,21 @@ class TensorParallelGroup:
         settings = self.settings
         tp_size = settings.parallel.tp_size
         read_fd, self._pipe_w = os.pipe()
+        beats = self._beats = BeatReader(range(1, tp_size), settings.parallel.dp_heartbeat_timeout, self._on_silent)
         env = dict(os.environ)
         root = str(Path(encoder_pod.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         try:
             for rank in range(1, tp_size):
                 spec = FollowerSpec(self.label, rank, tp_size, port, settings.model_dump_json())
-                cmd = [sys.executable, "-m", "encoder_pod.parallel.tensor.follower", spec.to_json(), str(read_fd)]
-                self._followers.append(subprocess.Popen(cmd, env=env, pass_fds=(read_fd,)))
+                cmd = [
+                    sys.executable, "-m", "encoder_pod.parallel.tensor.follower",
+                    spec.to_json(), str(read_fd), str(beats.write_fd),
+                ]
+                self._followers.append(subprocess.Popen(cmd, env=env, pass_fds=(read_fd, beats.write_fd)))
         finally:
             os.close(read_fd)  # only the followers hold the read end; rank 0 holds the write end
+            beats.start()  # rank 0 reads the followers' heartbeats (and closes its copy of their write end)
         for rank, proc in enumerate(self._followers, start=1):
             threading.Thread(target=self._watch, args=(rank, proc), name=f"tp-watch-{rank}", daemon=True).start()
         log.info("tensor-parallel group %s: followers %s started", self.label, [p.pid for p in self._followers])
@@ -115,6 +124,16 @@ class TensorParallelGroup:
         if self._closing.is_set():
             return
         self.abort(f"rank {rank} (pid {proc.pid}) exited with {code}")
+
+    def _on_silent(self, rank: int, seconds: float) -> None:
+        """A follower sent no heartbeat for ENCODER_DP_HEARTBEAT_TIMEOUT: stopped or wedged."""
+        if self._closing.is_set():
+            return
+        self.abort(f"rank {rank} sent no heartbeat for {seconds:.1f}s (stopped or hung; ENCODER_DP_HEARTBEAT_TIMEOUT)")
+
+    def silent_followers(self, bound: float) -> list[tuple[int, float]]:
+        """(rank, seconds) of every follower silent longer than ``bound``."""
+        return self._beats.silent(bound) if self._beats is not None else []
 
     def abort(self, reason: str) -> None:
         """The group is broken: kill the followers and leave at once (the supervisor restarts us).
@@ -227,6 +246,8 @@ class TensorParallelGroup:
             if self._closing.is_set():
                 return
             self._closing.set()
+            if self._beats is not None:
+                self._beats.close()
             if self._profiler.active:
                 try:
                     self._profiler.stop()

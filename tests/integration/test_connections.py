@@ -1,0 +1,135 @@
+"""The server's own connection limits, on a real server with real sockets: connections that never
+finish their headers are closed (its file descriptors come back), connections beyond the limit
+are answered 503 at once, and a normal request keeps working meanwhile."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import httpx
+import pytest
+
+from tests.integration.encode_client import encode
+from tests.support.server import EncoderServer, png_data_uri
+
+pytestmark = pytest.mark.integration
+
+PARTIAL = b"GET /health HTTP/1.1\r\nHost: encoder\r\nUser-Agent: slow\r\n"  # the blank line never comes
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _wait_fds(pid: int, ok, timeout: float) -> tuple[float, int]:
+    started = time.monotonic()
+    while not ok(n := _fds(pid)):
+        assert time.monotonic() - started < timeout, f"server holds {n} file descriptors after {timeout}s"
+        time.sleep(0.1)
+    return time.monotonic() - started, n
+
+
+def _open_slow(port: int, n: int) -> list[socket.socket]:
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(PARTIAL)
+        socks.append(s)
+    return socks
+
+
+def _read_answer(s: socket.socket) -> bytes:
+    """One whole HTTP answer (headers and its content-length body), however the bytes arrive."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(4096)
+        assert chunk, f"closed before the headers were complete: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = s.recv(4096)
+        assert chunk, f"closed before the body was complete: {data + body!r}"
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+def _closed_by_server(s: socket.socket) -> bool:
+    s.settimeout(0.5)
+    try:
+        return s.recv(4096) == b""
+    except (TimeoutError, socket.timeout):
+        return False
+    except ConnectionResetError:
+        return False
+
+
+@pytest.mark.timeout(300)
+def test_connections_that_never_finish_their_headers_are_closed_and_fds_come_back(tiny_model):
+    header_timeout = 3.0
+    env = {"ENCODER_HTTP_HEADER_TIMEOUT": str(header_timeout), "ENCODER_HTTP_KEEPALIVE_TIMEOUT": "1"}
+    with EncoderServer(tiny_model("qwen2_vl"), env=env) as server:
+        pid = server.proc.pid
+        time.sleep(1.0)
+        baseline = _fds(pid)
+        slow = _open_slow(server.port, 500)
+        try:
+            _, held = _wait_fds(pid, lambda n: n >= baseline + 500, 30)
+            # While they are held, the server answers normally.
+            assert httpx.get(server.base_url + "/health", timeout=10).status_code == 200
+            assert encode(server.base_url, "normal", [png_data_uri(32, 32)], timeout=60).status_code == 200
+            back_s, after = _wait_fds(pid, lambda n: n <= baseline + 2, header_timeout + 15)
+            closed = sum(_closed_by_server(s) for s in slow[:20])
+        finally:
+            for s in slow:
+                s.close()
+        # An idle keep-alive connection is closed after HTTP_KEEPALIVE_TIMEOUT.
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as kept:
+            kept.sendall(b"GET /livez HTTP/1.1\r\nHost: encoder\r\n\r\n")
+            answer = _read_answer(kept)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+            started = time.monotonic()
+            assert kept.recv(4096) == b""
+            keepalive_s = time.monotonic() - started
+    print(
+        f"\n500 connections without complete headers: server FDs {baseline} -> {held} -> {after}, "
+        f"back within {back_s:.1f}s of the normal requests (HTTP_HEADER_TIMEOUT={header_timeout:g}s); "
+        f"{closed}/20 sampled clients saw the close; idle keep-alive closed after {keepalive_s:.1f}s"
+    )
+    assert closed == 20
+    assert keepalive_s < 5
+
+
+@pytest.mark.timeout(300)
+def test_connections_beyond_the_limit_get_503_and_fds_stay_bounded(tiny_model):
+    limit = 50
+    env = {"ENCODER_HTTP_MAX_CONNECTIONS": str(limit), "ENCODER_HTTP_HEADER_TIMEOUT": "60"}
+    with EncoderServer(tiny_model("qwen2_vl"), env=env) as server:
+        pid = server.proc.pid
+        time.sleep(1.0)
+        baseline = _fds(pid)
+        held = _open_slow(server.port, limit)
+        try:
+            _wait_fds(pid, lambda n: n >= baseline + limit, 30)
+            over = []
+            for _ in range(20):
+                with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+                    s.sendall(b"GET /health HTTP/1.1\r\nHost: encoder\r\n\r\n")
+                    answer = b""
+                    while chunk := s.recv(4096):
+                        answer += chunk
+                over.append(answer)
+            peak = _fds(pid)
+        finally:
+            for s in held:
+                s.close()
+        _wait_fds(pid, lambda n: n <= baseline + 2, 15)
+        assert httpx.get(server.base_url + "/health", timeout=10).status_code == 200
+    print(f"\nHTTP_MAX_CONNECTIONS={limit}: {limit} held, 20 more answered {over[0].split(b' ', 2)[1].decode()}; server FDs {baseline} -> {peak}")
+    for answer in over:
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in head and b"connection: close" in head, answer
+        assert b"ENCODER_HTTP_MAX_CONNECTIONS" in body
+    assert peak <= baseline + limit + 3
