@@ -74,15 +74,17 @@ def _opcodes(frame: bytes) -> list[tuple[str, Any]]:
     """The pickle's opcodes; torch's storage key (a memory address inside a tensor's bytes) masked.
 
     The address's decimal length varies from process to process, so the frame length (FRAME's
-    argument) varies with it and is left out too.
+    argument) varies with it and is left out too, and so does the choice between SHORT_BINBYTES
+    and BINBYTES for the tensor's bytes (under or over 256 of them): both read as BINBYTES.
     """
     ops = []
     for op, arg, _ in pickletools.genops(frame):
-        if op.name == "FRAME":
+        name = "BINBYTES" if op.name == "SHORT_BINBYTES" else op.name
+        if name == "FRAME":
             arg = None
         elif isinstance(arg, bytes):
             arg = re.sub(rb"X[\s\S]{4}\d{6,}", b"X<storage key>", arg)
-        ops.append((op.name, arg))
+        ops.append((name, arg))
     return ops
 
 
