@@ -46,12 +46,15 @@ MANAGED_ENV = (
     "ENCODER_DP_WORKER_MAX_INFLIGHT",
     "ENCODER_MM_LOAD_WORKERS",
     "ENCODER_IMAGE_PROCESSOR_USE_GPU",
-    "ENCODER_ENCODER_TRANSFER_BACKEND",
+    "ENCODER_TRANSFER_BACKEND",
     "ENCODER_SEND_TIMEOUT",
     "ENCODER_DRAIN_TIMEOUT",
     "ENCODER_REGISTER_URLS",
     "ENCODER_ADVERTISE_URL",
 )
+# What spec.env may not set: the managed names, and older names of the same settings (the pod
+# still reads ENCODER_ENCODER_TRANSFER_BACKEND, which would fight spec.transfer.backend).
+RESERVED_ENV = (*MANAGED_ENV, "ENCODER_ENCODER_TRANSFER_BACKEND")
 # Rendered only when spec.sglang.registerURLs is set (the pod derives its own URL otherwise).
 REGISTRATION_ENV = ("ENCODER_REGISTER_URLS", "ENCODER_ADVERTISE_URL")
 # The pod's own IP from the downward API, for ENCODER_ADVERTISE_URL=http://$(POD_IP):<port>.

@@ -56,7 +56,7 @@ def encoder_settings(spec: PoolSpec) -> dict[str, str]:
         "ENCODER_DP_WORKER_MAX_INFLIGHT": str(b.dp_worker_max_inflight),
         "ENCODER_MM_LOAD_WORKERS": str(b.mm_load_workers),
         "ENCODER_IMAGE_PROCESSOR_USE_GPU": "true" if b.image_processor_use_gpu else "false",
-        "ENCODER_ENCODER_TRANSFER_BACKEND": spec.transfer.backend,
+        "ENCODER_TRANSFER_BACKEND": spec.transfer.backend,
         "ENCODER_SEND_TIMEOUT": _num(spec.transfer.send_timeout_seconds),
         "ENCODER_DRAIN_TIMEOUT": _num(spec.drain_timeout_seconds),
         **registration_env(spec),

@@ -109,7 +109,7 @@ def apply_overrides(generated: dict[str, Any], spec: PoolSpec) -> tuple[dict[str
     patch = {"metadata": override.metadata.model_dump(mode="json", exclude_defaults=True), "spec": override.spec}
     merged = merge(generated, patch)
     owned_labels = (*names.RESERVED_LABELS, names.REVISION_LABEL)
-    return protect(generated, merged, names.CONTAINER_NAME, owned_labels, names.MANAGED_ENV, spec.gpu_resource_name)
+    return protect(generated, merged, names.CONTAINER_NAME, owned_labels, names.RESERVED_ENV, spec.gpu_resource_name)
 
 
 def pod_template(pool_name: str, spec: PoolSpec, settings: OperatorSettings,

@@ -103,7 +103,7 @@ class PoolSpec(SpecModel):
             )
         if self.device == "cpu" and self.batching.image_processor_use_gpu:
             raise ValueError("spec.batching.imageProcessorUseGPU needs spec.device=cuda")
-        clash = sorted({e.name for e in self.env} & set(names.MANAGED_ENV))
+        clash = sorted({e.name for e in self.env} & set(names.RESERVED_ENV))
         if clash:
             raise ValueError(
                 "spec.env must not set an ENCODER_* variable the operator renders from the spec "

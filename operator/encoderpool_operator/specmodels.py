@@ -108,7 +108,7 @@ class Batching(SpecModel):
 class Transfer(SpecModel):
     """Where embeddings go once encoded."""
 
-    backend: Literal["inline", "zmq_to_tokenizer", "zmq_to_scheduler"] = "inline"
+    backend: Literal["auto", "inline", "zmq_to_tokenizer", "zmq_to_scheduler", "mooncake"] = "auto"
     send_timeout_seconds: float = Field(180, gt=0, le=86_400)
 
 

@@ -155,13 +155,13 @@ def test_cel_lists_match_the_operator(openapi: dict[str, Any]) -> None:
     """The reserved env names, reserved labels and name limit in CEL are the operator's own."""
     spec = openapi["properties"]["spec"]["properties"]
     env_rule = spec["env"]["x-kubernetes-validations"][0]["rule"]
-    assert tuple(re.findall(r"'(ENCODER_[A-Z_]+)'", env_rule)) == names.MANAGED_ENV
+    assert tuple(re.findall(r"'(ENCODER_[A-Z_]+)'", env_rule)) == names.RESERVED_ENV
     label_rule = spec["podLabels"]["x-kubernetes-validations"][0]["rule"]
     assert set(re.findall(r"'([^']+)' in self", label_rule)) == set(names.RESERVED_LABELS)
     name_rules = " ".join(r["rule"] for r in openapi["x-kubernetes-validations"])
     assert f"size() <= {names.MAX_POOL_NAME}" in name_rules
     backends = spec["transfer"]["properties"]["backend"]["enum"]
-    assert backends == ["inline", "zmq_to_tokenizer", "zmq_to_scheduler"]
+    assert backends == ["auto", "inline", "zmq_to_tokenizer", "zmq_to_scheduler", "mooncake"]
 
 
 @pytest.mark.parametrize("case", examples(Path(__file__).resolve().parents[3]), ids=lambda c: c[0])
