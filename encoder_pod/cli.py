@@ -56,11 +56,18 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _encoder_keys(model_dir: Path, keys: list[str]) -> list[str]:
+    """The family code's key plan, imported (with torch) only once a config.json is there."""
+    from encoder_pod.models.registry import encoder_weight_keys
+
+    return encoder_weight_keys(model_dir, keys)
+
+
 def _fetch_model(args: argparse.Namespace) -> int:
     from encoder_pod.models.hub import fetch, parse_spec
 
     try:
-        snapshot = fetch(parse_spec(args.model, args.revision), cache_dir=args.cache_dir)
+        snapshot = fetch(parse_spec(args.model, args.revision), _encoder_keys, cache_dir=args.cache_dir)
     except ModelPathError as exc:
         print(f"encoder-pod: fetch failed: {exc}", file=sys.stderr)
         return ExitCode.MODEL_LOAD_FAILED
@@ -75,7 +82,7 @@ def _resolved(settings: EncoderSettings) -> EncoderSettings:
     """``settings`` with a hub id model path replaced by its snapshot folder (workers get a directory)."""
     from encoder_pod.models.hub import resolve_model_dir
 
-    path = resolve_model_dir(settings.model)
+    path = resolve_model_dir(settings.model, _encoder_keys)
     if str(path) == settings.model.model_path:
         return settings
     model = settings.model.model_copy(update={"model_path": str(path)})

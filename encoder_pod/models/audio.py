@@ -57,6 +57,20 @@ _RATE_SOURCES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+
+def check_wave(item: MediaItem) -> np.ndarray:
+    """The samples of an AUDIO item; :class:`MediaError` when they cannot be encoded."""
+    if item.modality is not Modality.AUDIO:
+        raise MediaError(f"this model encodes AUDIO items, not {item.modality.value}")
+    wave = item.data
+    if not isinstance(wave, np.ndarray) or wave.ndim != 1:
+        raise MediaError("an AUDIO item must be a decoded mono waveform")
+    if wave.size == 0:
+        raise MediaError("audio has no samples")
+    if not np.isfinite(wave).all():
+        raise MediaError("audio has NaN or infinite samples")
+    return wave
+
 def resolve_sample_rate(model_dir: Path, model_name: str) -> tuple[int, str]:
     """(rate in Hz, the file that said so) for a checkpoint; 16 kHz with a warning if none does.
 
@@ -164,15 +178,7 @@ class AudioAdapter(BaseAdapter):
 
     def measure(self, item: MediaItem) -> int:
         """Rows from the valid frames of every window; :class:`MediaError` for audio the model cannot take."""
-        if item.modality not in self.modalities:
-            raise MediaError(f"this model encodes AUDIO items, not {item.modality.value}")
-        wave = item.data
-        if not isinstance(wave, np.ndarray) or wave.ndim != 1:
-            raise MediaError("an AUDIO item must be a decoded mono waveform")
-        if wave.size == 0:
-            raise MediaError("audio has no samples")
-        if not np.isfinite(wave).all():
-            raise MediaError("audio has NaN or infinite samples")
+        wave = check_wave(item)
         rows = sum(r for _, _, r in self._windows(wave.size))
         if rows == 0:
             raise MediaError(

@@ -31,20 +31,6 @@ from encoder_pod.models.base import MediaItem
 HEALTH_AUDIO_SECONDS = 0.2
 
 
-def check_wave(item: MediaItem) -> np.ndarray:
-    """The samples of an AUDIO item; :class:`MediaError` when they cannot be encoded."""
-    if item.modality is not Modality.AUDIO:
-        raise MediaError(f"an AUDIO item was expected, not {item.modality.value}")
-    wave = item.data
-    if not isinstance(wave, np.ndarray) or wave.ndim != 1:
-        raise MediaError("an AUDIO item must be a decoded mono waveform")
-    if wave.size == 0:
-        raise MediaError("audio has no samples")
-    if not np.isfinite(wave).all():
-        raise MediaError("audio has NaN or infinite samples")
-    return wave
-
-
 class AudioFrontEnd:
     """The checkpoint's feature extractor at its resolved rate, called as the family's processor calls it."""
 

@@ -20,7 +20,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from encoder_pod.settings import ENV_PREFIX, ModelPathError, ModelSettings, SettingsError
 
@@ -108,7 +108,17 @@ def looks_like_a_path(spec: str) -> bool:
     return text.startswith(("/", "./", "../", "~")) or (not text.startswith(SCHEME) and text.partition("@")[0].count("/") > 1)
 
 
-def resolve_model_dir(model: ModelSettings, *, download: bool = True, cache_dir: str | None = None) -> Path:
+EncoderKeys = Callable[[Path, list[str]], list[str]]
+"""(checkpoint directory holding config.json, the index's keys) -> the keys serving it reads.
+
+The family code's (``registry.encoder_weight_keys``), passed in: this module sits below the
+families and never imports them.
+"""
+
+
+def resolve_model_dir(
+    model: ModelSettings, encoder_keys: EncoderKeys, *, download: bool = True, cache_dir: str | None = None
+) -> Path:
     """The checkpoint directory for ``model.model_path``: the directory itself, or the cached snapshot.
 
     A hub id comes from the cache when every file the encoder needs is there; otherwise it is
@@ -122,15 +132,15 @@ def resolve_model_dir(model: ModelSettings, *, download: bool = True, cache_dir:
     if not spec:
         raise ModelPathError(f"invalid setting {ENV_PREFIX}MODEL_PATH / --model-path: not set")
     ref = parse_spec(spec, model.revision)
-    return fetch(ref, cache_dir=cache_dir, download=download)
+    return fetch(ref, encoder_keys, cache_dir=cache_dir, download=download)
 
 
-def fetch(ref: HubRef, *, cache_dir: str | None = None, download: bool = True) -> Path:
+def fetch(ref: HubRef, encoder_keys: EncoderKeys, *, cache_dir: str | None = None, download: bool = True) -> Path:
     """The snapshot folder holding what the encoder needs of ``ref``: from the cache, else downloaded."""
     from huggingface_hub import constants
 
     try:
-        snapshot = _Fetcher(ref, cache_dir, local_only=True).run()
+        snapshot = _Fetcher(ref, cache_dir, encoder_keys, local_only=True).run()
         log.info("%s resolved from the local cache: %s", ref, snapshot)
         return snapshot
     except ModelNotFound as missing:
@@ -138,14 +148,15 @@ def fetch(ref: HubRef, *, cache_dir: str | None = None, download: bool = True) -
             why = "offline mode (HF_HUB_OFFLINE=1)" if constants.HF_HUB_OFFLINE else "downloads are off"
             raise ModelNotFound(f"{missing} ({why})") from None
     log.info("%s is not (completely) cached; downloading the encoder's files", ref)
-    return _Fetcher(ref, cache_dir, local_only=False).run()
+    return _Fetcher(ref, cache_dir, encoder_keys, local_only=False).run()
 
 
 class _Fetcher:
     """One resolution of ``ref``: config first (it pins the commit), then meta files, index, shards."""
 
-    def __init__(self, ref: HubRef, cache_dir: str | None, local_only: bool) -> None:
+    def __init__(self, ref: HubRef, cache_dir: str | None, encoder_keys: EncoderKeys, local_only: bool) -> None:
         self.ref = ref
+        self.encoder_keys = encoder_keys
         self.local_only = local_only
         self.kwargs: dict[str, Any] = {
             "revision": ref.revision,
@@ -166,7 +177,7 @@ class _Fetcher:
             for name in META_FILES:
                 self._get(name, required=False)
         index = self._get(INDEX_NAME, required=False)
-        shards = encoder_shards(snapshot, json.loads(index.read_text())) if index else [SINGLE_NAME]
+        shards = encoder_shards(snapshot, json.loads(index.read_text()), self.encoder_keys) if index else [SINGLE_NAME]
         for shard in shards:
             self._get(shard, required=True)
         return snapshot
@@ -203,15 +214,13 @@ class _Fetcher:
             raise ModelNotFound(f"{self.ref}: the hub refused {filename}: {exc}") from None
 
 
-def encoder_shards(snapshot: Path, index: dict[str, Any]) -> list[str]:
+def encoder_shards(snapshot: Path, index: dict[str, Any], encoder_keys: EncoderKeys) -> list[str]:
     """The shards holding the encoder's tensors (tower + projector), by the family's key plan."""
-    from encoder_pod.models.registry import encoder_weight_keys
-
     mapping = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(mapping, dict) or not mapping:
         raise ModelNotFound(f"{snapshot / INDEX_NAME} has no weight_map")
     try:
-        keys = encoder_weight_keys(snapshot, list(mapping))
+        keys = encoder_keys(snapshot, list(mapping))
     except (ValueError, RuntimeError) as exc:
         raise ModelNotFound(f"{snapshot}: {exc}") from None
     return sorted({mapping[key] for key in keys})

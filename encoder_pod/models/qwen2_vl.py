@@ -83,8 +83,8 @@ class _TowerLayout(QwenVisionAdapter):
         return model.to(self.device).eval()
 
 
-class _FullLayout(FullLayout, QwenVisionAdapter):
-    """The tower (``model.visual``) read out of the whole checkpoint."""
+class WholeQwenVisual(FullLayout, QwenVisionAdapter):
+    """The tower (``model.visual``) read out of a whole Qwen-VL checkpoint (every Qwen generation keeps it there)."""
 
     @classmethod
     def part_paths(cls, checkpoint: Any) -> tuple[str, ...]:
@@ -104,7 +104,7 @@ class Qwen2VLAdapter(_TowerLayout):
     model_cls = Qwen2VisionTransformerPretrainedModel
 
 
-class Qwen2VLFullAdapter(_FullLayout):
+class Qwen2VLFullAdapter(WholeQwenVisual):
     """Qwen2-VL whole checkpoint (``Qwen2VLForConditionalGeneration``)."""
 
     name = "qwen2_vl"
@@ -121,7 +121,7 @@ class Qwen25VLAdapter(_TowerLayout):
     timing = VideoTiming.SECOND_PER_GRID
 
 
-class Qwen25VLFullAdapter(_FullLayout):
+class Qwen25VLFullAdapter(WholeQwenVisual):
     """Qwen2.5-VL whole checkpoint (``Qwen2_5_VLForConditionalGeneration``)."""
 
     name = "qwen2_5_vl"

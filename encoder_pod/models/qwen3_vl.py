@@ -27,29 +27,19 @@ from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeFor
 
 from encoder_pod.models.family import FamilyCode, Layout
 from encoder_pod.models.parts import FullLayout
-from encoder_pod.models.qwen2_vl import QWEN_TOKENS, qwen_tokenizer
+from encoder_pod.models.qwen2_vl import QWEN_TOKENS, WholeQwenVisual, qwen_tokenizer
 from encoder_pod.models.qwen_vision import VIDEO_CONFIG, QwenVisionAdapter, VideoTiming
 from encoder_pod.models.tiny_full import VOCAB_SIZE, image_processor_file, randomize_scaled, save_full, seed_of, token_ids
 from encoder_pod.models.vision import check_preset
 
 
-class _Qwen3Vision(FullLayout, QwenVisionAdapter):
+class _Qwen3Vision(WholeQwenVisual):
     """``model.visual`` of a Qwen3-generation checkpoint."""
 
     clip_bounds = True
     timing = VideoTiming.TIMESTAMPS
     default_video_pixels = (128 * 32 * 32, 768 * 32 * 32)
     hidden_attr = "out_hidden_size"
-
-    @classmethod
-    def part_paths(cls, checkpoint: Any) -> tuple[str, ...]:
-        return ("model.visual",)
-
-    def _load_tower(self) -> Any:
-        full = self.open_checkpoint()
-        tower = full.build_like("model.visual", self.dtype)
-        self.weights = full.load({"model.visual": tower})
-        return tower.to(self.device).eval()
 
 
 class Qwen3VLAdapter(_Qwen3Vision):

@@ -31,7 +31,8 @@ from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as qwen3_
 
 from encoder_pod.errors import MediaError
 from encoder_pod.modality import Modality
-from encoder_pod.models.audio_front import AudioFrontEnd, check_wave
+from encoder_pod.models.audio import check_wave
+from encoder_pod.models.audio_front import AudioFrontEnd
 from encoder_pod.models.base import MediaItem, PreparedBatch
 from encoder_pod.models.parts import FullLayout, host_class
 from encoder_pod.models.qwen_vision import QwenVisionAdapter, VideoTiming

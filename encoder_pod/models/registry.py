@@ -42,7 +42,7 @@ def resolve_dtype(model: ModelSettings, device: torch.device) -> torch.dtype:
 def load_adapter(model: ModelSettings, registry: FamilyRegistry | None = None) -> BaseAdapter:
     """Discover ``model.model_path``'s family, build its adapter and load it (blocking: model load)."""
     families = registry or default_registry()
-    checkpoint = families.discover(resolve_model_dir(model))
+    checkpoint = families.discover(resolve_model_dir(model, encoder_weight_keys))
     cls = families.get(checkpoint.family).adapter_class(checkpoint)
     device = resolve_device(model)
     adapter = cls(checkpoint, model, device, resolve_dtype(model, device))

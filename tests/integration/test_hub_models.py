@@ -77,10 +77,11 @@ def test_fetch_refuses_unknown_models_and_bad_ids(checkpoint, tmp_path):
 _RESOLVE = """
 import json, sys
 from encoder_pod.models.hub import ModelNotFound, fetch, parse_spec
+from encoder_pod.models.registry import encoder_weight_keys
 out = {}
 for spec in sys.argv[1:]:
     try:
-        out[spec] = str(fetch(parse_spec(spec)))
+        out[spec] = str(fetch(parse_spec(spec), encoder_weight_keys))
     except ModelNotFound as exc:
         out[spec] = "ModelNotFound: " + str(exc)
 print(json.dumps(out))

@@ -7,6 +7,10 @@ import pytest
 from encoder_pod.models.hub import BadHubSpec, HubRef, hub_origin, looks_like_a_path, parse_spec, resolve_model_dir
 from encoder_pod.settings import ModelPathError, ModelSettings
 
+
+def _no_keys(model_dir, keys):
+    raise AssertionError("a local path never consults the key plan")
+
 pytestmark = pytest.mark.unit
 
 
@@ -39,9 +43,9 @@ def test_paths_are_never_taken_for_hub_ids(tmp_path):
     assert looks_like_a_path("/models/qwen") and looks_like_a_path("./qwen") and looks_like_a_path("data/org/name")
     assert not looks_like_a_path("org/name") and not looks_like_a_path("hf://org/name@v1")
     with pytest.raises(ModelPathError, match="no config.json"):
-        resolve_model_dir(ModelSettings(model_path=str(tmp_path / "missing" / "model")))
+        resolve_model_dir(ModelSettings(model_path=str(tmp_path / "missing" / "model")), _no_keys)
     with pytest.raises(ModelPathError, match="no config.json"):
-        resolve_model_dir(ModelSettings(model_path=str(tmp_path)))
+        resolve_model_dir(ModelSettings(model_path=str(tmp_path)), _no_keys)
 
 
 def test_a_snapshot_folder_says_which_model_and_commit_it_is(tmp_path):
