@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
 from bench.common import summary
 
+BodyFor = Callable[[int], dict[str, Any]]
 
-async def _client(client: httpx.AsyncClient, url: str, body_for, count: list[int], total: int, out: list[float], errors: list[int]) -> None:
+
+async def _client(client: httpx.AsyncClient, url: str, body_for: BodyFor, count: list[int], total: int, out: list[float],
+                  errors: list[int], deadline: float) -> None:
     while True:
         n = count[0]
-        if n >= total:
+        if n >= total or time.perf_counter() >= deadline:
             return
         count[0] = n + 1
         start = time.perf_counter()
@@ -25,16 +28,23 @@ async def _client(client: httpx.AsyncClient, url: str, body_for, count: list[int
             errors.append(resp.status_code)
 
 
-async def run_load(base_url: str, body_for, concurrency: int, total: int, items_per_request: int = 1) -> dict[str, Any]:
-    """Send ``total`` requests with ``concurrency`` in flight; throughput counts images."""
+async def run_load(base_url: str, body_for: BodyFor, concurrency: int, total: int, items_per_request: int = 1, *,
+                   path: str = "/encode", duration: float | None = None) -> dict[str, Any]:
+    """Send ``total`` requests with ``concurrency`` in flight; throughput counts images.
+
+    With ``duration`` (seconds), clients stop sending after that long even if fewer than
+    ``total`` requests went out (answers still in flight are waited for and counted).
+    """
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     latencies: list[float] = []
     errors: list[int] = []
     count = [0]
     async with httpx.AsyncClient(limits=limits, timeout=600) as client:
         start = time.perf_counter()
+        deadline = start + duration if duration is not None else float("inf")
         await asyncio.gather(*[
-            _client(client, base_url + "/encode", body_for, count, total, latencies, errors) for _ in range(concurrency)
+            _client(client, base_url + path, body_for, count, total, latencies, errors, deadline)
+            for _ in range(concurrency)
         ])
         wall = time.perf_counter() - start
     result = summary(latencies, len(latencies) * items_per_request, wall)

@@ -1,0 +1,1 @@
+"""The peer comparison's parts (bench/peer_bench.py): peers' venvs, servers, reference outputs, rounds."""
