@@ -74,6 +74,12 @@ cluster: venv control-plane
 bench: model
 	$(PY) bench/run_all.py
 
+# Not part of `make bench`: installs infinity-emb and Ray Serve into $(CACHE)/peers/ (torch from
+# the uv cache, no torchvision) and takes about 17 minutes on 2 cores. DEVICE=cuda on a GPU host.
+.PHONY: bench-peers
+bench-peers: venv
+	$(PY) -m bench.peer_bench --device $(or $(DEVICE),cpu)
+
 lint: venv
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy encoder_pod operator

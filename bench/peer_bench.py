@@ -121,19 +121,17 @@ def measure_ceiling(tower: Path, others: list[stacks.Running], concurrency: int,
     return res
 
 
-def start_all(stack: ExitStack, wanted: list[str], tower: Path, device: str, uris: list[str],
+def start_all(stack: ExitStack, wanted: list[str], tower: Path, device: str, args_threads: int, uris: list[str],
               notes: dict[str, Any]) -> tuple[dict[str, stacks.Running], Path | None]:
     """Start the wanted servers (peers' venvs and checkpoint first); a peer that cannot is noted."""
     from tests.support.server import free_port
 
-    import torch
-
-    layers, threads = keep_layers(tower), torch.get_num_threads()
+    layers, threads = keep_layers(tower), args_threads
     envs = venvs.peer_envs()
     running: dict[str, stacks.Running] = {}
     full: Path | None = None
     if "encoder-pod" in wanted:
-        running["encoder-pod"] = stacks.start_pod(stack, tower, device, MAX_BATCH, uris)
+        running["encoder-pod"] = stacks.start_pod(stack, tower, device, MAX_BATCH, threads, uris)
     for name, env_name in (("infinity-emb", "infinity"), ("ray-serve", "ray")):
         if name not in wanted:
             continue
@@ -143,7 +141,8 @@ def start_all(stack: ExitStack, wanted: list[str], tower: Path, device: str, uri
                 python, ("infinity-emb", "ray", "torch", "transformers", "torchvision", "numpy", "pillow"))
             if name == "infinity-emb":
                 full = full_checkpoint(python, tower, layers)
-                running[name] = stacks.start_infinity(stack, python, full, free_port(), device, MAX_BATCH, uris)
+                running[name] = stacks.start_infinity(stack, python, full, free_port(), device, MAX_BATCH, threads,
+                                                       uris)
             else:
                 running[name] = stacks.start_ray(stack, python, tower, free_port(), device, MAX_BATCH, threads,
                                                  layers, uris)
@@ -188,10 +187,12 @@ def plot(data: dict[str, Any], path: Path) -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     levels: set[int] = set()
-    for name, points in data["points"].items():
+    names = list(data["points"])
+    for k, (name, points) in enumerate(data["points"].items()):
         pts = sorted(points.values(), key=lambda p: p["concurrency"])
-        conc = [p["concurrency"] for p in pts]
-        levels.update(conc)
+        levels.update(p["concurrency"] for p in pts)
+        dodge = 1 + 0.04 * (k - (len(names) - 1) / 2)  # side by side, so the range bars do not hide each other
+        conc = [p["concurrency"] * dodge for p in pts]
         for ax, metric in ((a, "images_per_s"), (b, "p50_ms")):
             mid = [p[metric] for p in pts]
             err = [[m - p[f"{metric}_range"][0] for m, p in zip(mid, pts)],
@@ -223,6 +224,13 @@ def machine_facts() -> dict[str, Any]:
     return facts
 
 
+def replot(name: str) -> None:
+    """Redraw ``bench/results/<name>.png`` from its JSON."""
+    import json
+
+    plot(json.loads((RESULTS / f"{name}.json").read_text()), RESULTS / f"{name}.png")
+
+
 def main() -> None:
     """Command line: see --help."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -232,15 +240,30 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     parser.add_argument("--stacks", nargs="+", default=[*PEERS, CEILING], choices=[*PEERS, CEILING])
     parser.add_argument("--out", default=None, help="results name (default peers_<device>)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of every stack, the ceiling too (default 1 on cpu, 0 = each stack's "
+                             "own default on cuda): on a shared 2-core machine a 2-thread OpenMP pool stalls "
+                             "at every barrier when another process holds a core")
+    parser.add_argument("--replot", metavar="NAME", help="only redraw results/NAME.png from results/NAME.json")
     args = parser.parse_args()
+    if args.replot:
+        replot(args.replot)
+        return
+    if args.threads is None:
+        args.threads = 1 if args.device == "cpu" else 0
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)  # the ceiling and the reference run in this process
     tower = checkpoint("clip")
     uris = [jpeg_uri(seed=i) for i in range(8)]
     data: dict[str, Any] = {"model": "clip-moderate", "device": args.device, "machine": machine_facts(),
-                            "max_batch_size": MAX_BATCH, "rounds": args.rounds, "seconds_per_point": args.duration,
+                            "max_batch_size": MAX_BATCH, "torch_threads_per_stack": args.threads or "default",
+                            "rounds": args.rounds, "seconds_per_point": args.duration,
                             "images": "8 photo-like 640x480 JPEGs (bench.common.jpeg_uri seeds 0-7), one per request",
                             "client": "bench.loadgen closed loop, httpx, one connection per client"}
     with ExitStack() as stack:
-        running, full = start_all(stack, args.stacks, tower, args.device, uris, data)
+        running, full = start_all(stack, args.stacks, tower, args.device, args.threads, uris, data)
         data["configs"] = {name: run.config for name, run in running.items()}
         data["output_checks"] = check_outputs(running, tower, full, args.device, uris[0])
         for check in data["output_checks"]:

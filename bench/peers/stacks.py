@@ -2,6 +2,9 @@
 
 Every server gets the same batch bound (``max_batch`` images), the same torch thread count, one
 model replica, and no per-request access log. The bodies carry the same data: URIs.
+
+``threads`` 0 leaves each stack's own default (torch: one thread per core); otherwise it is set
+through each stack's own knob and ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``.
 """
 
 from __future__ import annotations
@@ -47,15 +50,22 @@ def infinity_body(uris: list[str]) -> Callable[[int], dict[str, Any]]:
                       "encoding_format": "base64"}
 
 
+def thread_env(threads: int) -> dict[str, str]:
+    """OpenMP/MKL pool sizes for ``threads`` (nothing for 0)."""
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}
+
+
 def _answers(url: str, body: dict[str, Any]) -> Callable[[httpx.Client], bool]:
     return lambda client: client.post(url, json=body, timeout=60).status_code == 200
 
 
-def start_pod(stack: ExitStack, model: Path, device: str, max_batch: int, uris: list[str]) -> Running:
-    """``encoder-pod serve`` as bench/core_bench.py starts it."""
+def start_pod(stack: ExitStack, model: Path, device: str, max_batch: int, threads: int, uris: list[str]) -> Running:
+    """``encoder-pod serve`` as bench/core_bench.py starts it (plus ``ENCODER_NUM_THREADS``)."""
     from tests.support.server import EncoderServer
 
     env = {"ENCODER_MAX_BATCH_SIZE": str(max_batch), "ENCODER_DEVICE": device, "ENCODER_MAX_QUEUE": "4096"}
+    if threads:
+        env.update({"ENCODER_NUM_THREADS": str(threads), **thread_env(threads)})
     server = stack.enter_context(EncoderServer(model, env=env))
     assert server.proc is not None
     pid = server.proc.pid
@@ -64,7 +74,7 @@ def start_pod(stack: ExitStack, model: Path, device: str, max_batch: int, uris: 
 
 
 def start_infinity(stack: ExitStack, python: Path, full_model: Path, port: int, device: str, max_batch: int,
-                   uris: list[str]) -> Running:
+                   threads: int, uris: list[str]) -> Running:
     """``infinity_emb v2`` on the full CLIP checkpoint: no compile, no disk cache, float32 (bf16 on GPU)."""
     dtype = "bfloat16" if device == "cuda" else "float32"
     cmd = [str(python.parent / "infinity_emb"), "v2", "--model-id", str(full_model),
@@ -72,20 +82,24 @@ def start_infinity(stack: ExitStack, python: Path, full_model: Path, port: int, 
            "--engine", "torch", "--dtype", dtype, "--no-compile", "--no-bettertransformer",
            "--no-vector-disk-cache", "--log-level", "warning", "--host", "127.0.0.1", "--port", str(port)]
     server = stack.enter_context(PeerServer("infinity", cmd, f"http://127.0.0.1:{port}",
-                                            env={"DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}))
+                                            env={"DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0",
+                                                 **thread_env(threads)}))
     body = infinity_body(uris)
     server.start(_answers(server.base_url + "/embeddings", body(0)), START_TIMEOUT)
     return Running("infinity-emb", server.base_url, "/embeddings", body, lambda: session_cpu_seconds(server.pid),
-                   server.pid, {"command": " ".join(["infinity_emb", *cmd[1:]]).replace(str(full_model), "<clip-moderate-full>")})
+                   server.pid, {"command": " ".join(["infinity_emb", *cmd[1:]]).replace(str(full_model), "<clip-moderate-full>"),
+                    "env": thread_env(threads)})
 
 
 def start_ray(stack: ExitStack, python: Path, model: Path, port: int, device: str, max_batch: int, threads: int,
               keep_layers: int, uris: list[str]) -> Running:
     """bench/peers/ray_app.py: Ray Serve, one replica, ``@serve.batch(max_batch_size=max_batch)``."""
     cmd = [str(python), str(RAY_APP), "--model", str(model), "--port", str(port), "--device", device,
-           "--threads", str(threads), "--keep-layers", str(keep_layers), "--max-batch", str(max_batch)]
+           "--keep-layers", str(keep_layers), "--max-batch", str(max_batch)]
+    if threads:
+        cmd += ["--threads", str(threads)]
     server = stack.enter_context(PeerServer("ray", cmd, f"http://127.0.0.1:{port}",
-                                            env={"RAY_USAGE_STATS_ENABLED": "0"}))
+                                            env={"RAY_USAGE_STATS_ENABLED": "0", **thread_env(threads)}))
     body = pod_body(uris)
     server.start(_answers(server.base_url + "/encode", body(0)), START_TIMEOUT)
     shown = ["python", "bench/peers/ray_app.py", *cmd[2:]]

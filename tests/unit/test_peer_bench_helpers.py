@@ -80,3 +80,16 @@ def test_peer_envs_reuse_the_project_torch_and_leave_torchvision_out(tmp_path: P
         assert "torch==9.1.0" in env.requirements
         assert not any(r.startswith("torchvision") or "[vision" in r for r in env.requirements)
     assert "transformers==7.0.0" in envs["ray"].requirements
+
+
+def test_compare_reports_a_difference_and_a_shape_mismatch() -> None:
+    import numpy as np
+
+    from bench.peers.reference import compare
+
+    want = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+    assert compare("s", "rows", want.copy(), want, 1e-4)["equal"]
+    off = compare("s", "rows", want + np.float32(0.01), want, 1e-4)
+    assert not off["equal"] and abs(off["max_abs_diff"] - 0.01) < 1e-6
+    wrong = compare("s", "rows", want[:2], want, 1e-4)
+    assert not wrong["equal"] and wrong["max_abs_diff"] == float("inf")
