@@ -132,15 +132,21 @@ class PeerServer:
         return self.log.read_text(errors="replace")[-chars:]
 
     def stop(self, grace: float = 30.0) -> list[int]:
-        """SIGTERM to the group, wait, then SIGKILL the session's leftovers; returns pids killed."""
+        """SIGTERM to the server (it shuts its helpers down), then to the rest of its session, then
+        SIGKILL to whatever of the session is left; returns the pids that had to be killed."""
         if self.proc is None:
             return []
         session = self.proc.pid
         if self.proc.poll() is None:
-            os.killpg(session, signal.SIGTERM)
+            self.proc.terminate()
             try:
                 self.proc.wait(grace)
             except subprocess.TimeoutExpired:
+                pass
+        for pid in session_members(session):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
                 pass
         deadline = time.monotonic() + grace
         while session_members(session) and time.monotonic() < deadline:

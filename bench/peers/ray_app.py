@@ -1,6 +1,7 @@
 """Ray Serve serving the pod's CLIP tower with ``@serve.batch`` (a script for Ray's own venv).
 
-Run as ``python bench/peers/ray_app.py --model DIR --port P [--device cuda]``. It starts a local
+Run as ``python bench/peers/ray_app.py --model DIR --port P --keep-layers N --temp-dir DIR``
+(``--device cuda`` on a GPU). It starts a local
 Ray (no dashboard, no usage stats), deploys one replica at ``/encode`` that takes the encoder
 pod's request body (``{"req_id", "modality": "IMAGE", "mm_items": [data URI]}``), and answers
 as the pod's inline answer does: the patch rows as base64 of the tensor's little-endian bytes.
@@ -17,7 +18,6 @@ import argparse
 import base64
 import io
 import signal
-import tempfile
 import threading
 from typing import Any
 
@@ -89,13 +89,13 @@ def main() -> None:
     parser.add_argument("--keep-layers", type=int, required=True)
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--batch-wait-s", type=float, default=0.01)
+    parser.add_argument("--temp-dir", required=True, help="Ray's session folder (a short path: its sockets live there)")
     args = parser.parse_args()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    temp_dir = tempfile.mkdtemp(prefix="ray-")  # a short path: Ray's sockets live under it
     ray.init(num_cpus=max(2, args.threads), num_gpus=1 if args.device == "cuda" else 0,
-             include_dashboard=False, log_to_driver=True, _temp_dir=temp_dir)
+             include_dashboard=False, log_to_driver=True, _temp_dir=args.temp_dir)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": args.port})
         options = {"num_cpus": 1, "num_gpus": 1 if args.device == "cuda" else 0}

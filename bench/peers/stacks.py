@@ -9,6 +9,8 @@ through each stack's own knob and ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -94,8 +96,10 @@ def start_infinity(stack: ExitStack, python: Path, full_model: Path, port: int, 
 def start_ray(stack: ExitStack, python: Path, model: Path, port: int, device: str, max_batch: int, threads: int,
               keep_layers: int, uris: list[str]) -> Running:
     """bench/peers/ray_app.py: Ray Serve, one replica, ``@serve.batch(max_batch_size=max_batch)``."""
+    temp_dir = tempfile.mkdtemp(prefix="ray-")  # removed once every Ray process is gone
+    stack.callback(shutil.rmtree, temp_dir, ignore_errors=True)
     cmd = [str(python), str(RAY_APP), "--model", str(model), "--port", str(port), "--device", device,
-           "--keep-layers", str(keep_layers), "--max-batch", str(max_batch)]
+           "--keep-layers", str(keep_layers), "--max-batch", str(max_batch), "--temp-dir", temp_dir]
     if threads:
         cmd += ["--threads", str(threads)]
     server = stack.enter_context(PeerServer("ray", cmd, f"http://127.0.0.1:{port}",
@@ -104,7 +108,7 @@ def start_ray(stack: ExitStack, python: Path, model: Path, port: int, device: st
     server.start(_answers(server.base_url + "/encode", body(0)), START_TIMEOUT)
     shown = ["python", "bench/peers/ray_app.py", *cmd[2:]]
     return Running("ray-serve", server.base_url, "/encode", body, lambda: session_cpu_seconds(server.pid), server.pid,
-                   {"command": " ".join(shown).replace(str(model), "<clip-moderate>"),
+                   {"command": " ".join(shown).replace(str(model), "<clip-moderate>").replace(temp_dir, "<tmp>"),
                     "batch_wait_timeout_s": 0.01, "max_ongoing_requests": 64})
 
 
