@@ -108,8 +108,12 @@ def test_a_partition_is_a_canary_that_serves_both_revisions_until_released(pools
     assert status["endpoints"] == [url.format(i) for i in range(3)], "a canary serves from both on purpose"
     assert [(r["name"], r["updated"], r["endpoints"]) for r in status["revisions"]] == [
         (new, True, [url.format(2)]), (old, False, [url.format(0), url.format(1)])]
-    table = pools.kubectl("get", "encpool", "canary").stdout.splitlines()
-    assert table[1].split()[4:6] == ["3/3", "Canary"]
+    # kubectl's columns come from the same status; a reconcile in between may briefly show the quiet
+    # WaitingForStatefulSet (the controller observing the operator's last apply) before Canary again.
+    deadline = time.monotonic() + 60
+    while (columns := pools.kubectl("get", "encpool", "canary").stdout.splitlines()[1].split()[4:6]) != ["3/3", "Canary"]:
+        assert time.monotonic() < deadline and columns[1] == "WaitingForStatefulSet", columns
+        time.sleep(1)
 
     canary_uid = pools.pods("canary")[2]["metadata"]["uid"]
     pools.kubectl("patch", "encpool", "canary", "--type=merge", "-p", '{"spec":{"rollout":{"partition":0}}}')

@@ -93,16 +93,25 @@ def test_interrupted_make_cluster_stops_cleanly() -> None:
     proc = subprocess.Popen([sys.executable, "-m", "tests.e2e.cluster", "--no-local-node"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if "Ctrl-C stops it" in line:
-            break
-    kubeconfig = next((ln.split("KUBECONFIG=", 1)[1].strip() for ln in lines if "KUBECONFIG=" in ln), None)
-    pids = next((json.loads(ln.split("pids:", 1)[1]) for ln in lines if "pids:" in ln), None)
-    assert kubeconfig is not None and pids, "".join(lines)
-    assert all(pid_alive(pid) for pid in pids.values())
-    proc.send_signal(signal.SIGINT)
-    rest = proc.communicate(timeout=30)[0]
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "Ctrl-C stops it" in line:
+                break
+        kubeconfig = next((ln.split("KUBECONFIG=", 1)[1].strip() for ln in lines if "KUBECONFIG=" in ln), None)
+        pids = next((json.loads(ln.split("pids:", 1)[1]) for ln in lines if "pids:" in ln), None)
+        assert kubeconfig is not None and pids, "".join(lines)
+        assert all(pid_alive(pid) for pid in pids.values())
+        proc.send_signal(signal.SIGINT)
+        # Each component gets its own graceful stop; on a loaded machine that adds up.
+        rest = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:  # a failed test must not leave the cluster (and its pipe) behind
+            proc.kill()
+            proc.communicate()
+        elif proc.stdout is not None:
+            proc.stdout.close()
     assert proc.returncode == 0, "".join(lines) + rest
     assert _wait_all_gone(pids, 5) == {}
     assert not Path(kubeconfig).exists()

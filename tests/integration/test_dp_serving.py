@@ -119,7 +119,8 @@ def test_health_answers_fast_while_workers_are_busy(dp_server):
             stop.set()
             for f in futures:
                 f.result()
-    assert busy >= 8, "the workers were not busy while /health was probed"
+    # Closed-loop clients leave gaps between requests (more on a loaded machine): most probes, not all.
+    assert busy >= 5, f"the workers were busy for only {busy} of 10 /health probes"
     assert statistics.median(latencies) < 0.1 and max(latencies) < 1.0, latencies
     assert set(done) == {200}
 
