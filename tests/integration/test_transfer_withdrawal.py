@@ -1,53 +1,29 @@
 """What a 502 means, over real ZMQ sockets on loopback: a receiver that accepts and then stalls
 (it stops reading; a tiny RCVHWM and RCVBUF so the connection fills), then resumes. Every push the
 sender gave up on (TransferFailed, the pod's 502) is never received after the resume, and every
-push that succeeded is received exactly once: a timed-out push is withdrawn, not left queued."""
+push that succeeded is received exactly once: a timed-out push is withdrawn, not left queued.
+Once on the transfer alone, once through a real server's /encode."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-import zmq
 
 from encoder_pod.errors import TransferFailed
 from encoder_pod.modality import Modality
 from encoder_pod.models.base import EncodedPart
 from encoder_pod.protocol import EncodeRequest, ItemSpec
-from encoder_pod.receiver.wire import decode_message
 from encoder_pod.settings import TransferBackend, load_settings
 from encoder_pod.transfer.zmq_push import ZmqTransfer
+from tests.integration.encode_client import encode
+from tests.support.server import EncoderServer, png_data_uri
+from tests.support.stalling_receiver import StallingReceiver
 
 pytestmark = pytest.mark.integration
-
-
-class StallingReceiver:
-    """A PULL socket that reads nothing until :meth:`resume` (what a wedged prefill server does)."""
-
-    def __init__(self) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.PULL)
-        self.sock.setsockopt(zmq.RCVHWM, 1)
-        self.sock.setsockopt(zmq.RCVBUF, 4096)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
-
-    def resume(self, quiet_s: float = 3.0, timeout: float = 60.0) -> Counter[tuple[str, int]]:
-        """Read until nothing came for ``quiet_s``; (req_id, part_idx) of each embedding received."""
-        got: Counter[tuple[str, int]] = Counter()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.sock.poll(int(quiet_s * 1000)):
-            header, _ = decode_message(self.sock.recv_multipart(copy=False))
-            if not header.is_error:
-                got[(header.req_id, header.part_idx)] += 1
-        return got
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-        self.ctx.term()
 
 
 def _request(req_id: str, port: int) -> EncodeRequest:
@@ -101,3 +77,38 @@ def test_a_failed_push_is_never_delivered_after_the_receiver_resumes(rows, width
     assert all(c == 1 for c in got.values())
     if stalls:  # 24 MiB to a reader of a few KiB: the kernel's buffers fill, later pushes time out
         assert failed and ok, "the receiver never stalled (or nothing got through): the test proves nothing"
+
+
+@pytest.mark.timeout(400)
+def test_encode_answers_502_only_for_what_the_stalled_receiver_never_gets(tiny_model):
+    env = {
+        "ENCODER_TRANSFER_BACKEND": "zmq_to_tokenizer",
+        "ENCODER_WIRE_FORMAT": "encoderpool",
+        "ENCODER_SEND_TIMEOUT": "4",
+    }
+    items = [png_data_uri(224, 224, seed=i) for i in range(16)]  # 16 x 64 tokens of 128 floats: 0.5 MiB a part
+    n = 40
+    rx = StallingReceiver()
+    try:
+        with EncoderServer(tiny_model("qwen2_vl"), env=env) as server:
+
+            def post(i: int) -> tuple[str, int, str]:
+                resp = encode(server.base_url, f"q{i}", items, prefill_host="127.0.0.1", embedding_port=rx.port, timeout=120)
+                return f"q{i}", resp.status_code, resp.text
+
+            with ThreadPoolExecutor(n) as pool:
+                answers = list(pool.map(post, range(n)))
+            got = rx.resume()  # the pod still runs: a queued push would be sent now
+    finally:
+        rx.close()
+    ok = {r for r, code, _ in answers if code == 200}
+    failed = {r for r, code, _ in answers if code == 502}
+    received = {req_id for req_id, _ in got}
+    print(f"\n{n} /encode to a stalled receiver: {len(ok)} x 200, {len(failed)} x 502 "
+          f"({next((t for _, c, t in answers if c == 502), '')[:160]}); after the resume {len(received)} received, "
+          f"{len(received & failed)} of them 502s")
+    assert ok | failed == {f"q{i}" for i in range(n)}, [a for a in answers if a[1] not in (200, 502)]
+    assert failed and ok, "the receiver never stalled (or nothing got through): the test proves nothing"
+    assert not received & failed, "a request answered 502 was delivered after all"
+    assert received == ok
+    assert all(c == 1 for c in got.values())
