@@ -1,23 +1,24 @@
 """Pushing frames to prefill servers: one thread owns every connection, and a failed push is never delivered.
 
 The receivers are ZMQ PULL sockets; the sender speaks ZMTP to them over its own non-blocking TCP
-connections (:mod:`encoder_pod.transfer.zmtp`), one per destination, reused. The event loop hands
-the sender thread a send command and awaits a future: the thread never blocks on a destination,
-so a dead prefill server costs its own callers a timeout, and nobody else anything.
+connections (:mod:`encoder_pod.transfer.zmtp`, :mod:`encoder_pod.transfer.push_connection`), one
+per destination, reused. The event loop hands the sender thread a command and awaits a future:
+the thread never blocks on a destination, so a dead prefill server costs its own callers a
+timeout, and nobody else anything.
 
 What an answer means, exactly:
 
 - **sent**: every byte of the message is in the kernel, on a connection whose peer completed the
   ZMTP handshake (what libzmq's ``IMMEDIATE`` gives). TCP delivers it unless that connection breaks.
 - **failed** (:class:`TransferFailed`): nothing of the message is delivered, now or later. Either
-  no byte of it was written (no connection, the peer stopped reading before it began), or it was
-  withdrawn: at its deadline the connection is closed with the message cut off, and a ZMQ
+  no byte of it was written (no connection, or the peer stopped reading before it began), or it
+  was withdrawn: at its deadline the connection is closed with the message cut off, and a ZMQ
   receiver only ever hands out whole messages, so the part already written is dropped with the
   connection. Messages queued behind it were never begun and go on a fresh connection.
 
 libzmq cannot give this: it marks a message sent only when its I/O thread next runs, which on a
-connection whose peer stopped reading may never happen although every byte is in the kernel,
-and a message it still queues is sent whenever the peer resumes.
+connection whose peer stopped reading may not happen although every byte is in the kernel, and
+a message it still holds is sent whenever the peer resumes, whatever the caller was told.
 
 At most ``max_sockets`` connections are open at once; an idle one closes after ``idle_s``, and
 when the limit is reached the least recently used idle one makes room. On :meth:`close`,
@@ -28,107 +29,27 @@ lazily on first use, so an instance is safe to build before a worker process for
 from __future__ import annotations
 
 import asyncio
-import errno
-import ipaddress
 import logging
 import queue
 import selectors
 import socket
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from encoder_pod.errors import TransferFailed
-from encoder_pod.transfer.zmtp import GREETING, PeerHandshake, ProtocolError, message_segments, ready_command
+from encoder_pod.transfer.push_connection import Broken, Connection, PushCommand, drain, host_port, resolve
+from encoder_pod.transfer.zmtp import ProtocolError, message_segments
 
 log = logging.getLogger(__name__)
+
+__all__ = ["PushSender", "host_port"]
 
 _IDLE_CHECK_S = 1.0
 _RECONNECT_S = 0.1
 """Pause between connection attempts to a destination that refused or broke (libzmq's default)."""
 _VERDICT_GRACE_S = 5.0
 """How long past its deadline a caller waits for the sender thread's verdict (a dead thread)."""
-_MAX_SEGMENTS = 64
-
-
-def host_port(endpoint: str) -> str:
-    """``tcp://host:port`` -> ``host:port`` (what error messages name)."""
-    return endpoint.removeprefix("tcp://")
-
-
-def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    """``tcp://host:port`` or ``tcp://[v6]:port`` -> (host, port); TransferFailed names a bad one."""
-    host, sep, port = host_port(endpoint).rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not endpoint.startswith("tcp://") or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise TransferFailed(f"{endpoint!r} is not a tcp://host:port endpoint")
-    return host, int(port)
-
-
-@dataclass
-class _Send:
-    endpoint: str
-    family: int
-    address: tuple[Any, ...]
-    segments: list[memoryview]
-    deadline: float
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[None]
-    timeout: float
-    at: int = 0
-    """Index of the first segment not wholly written."""
-    started: bool = False
-    """Some byte of it is in the kernel: from now on it is either finished or withdrawn."""
-
-    def settle(self, error: BaseException | None = None) -> None:
-        """Resolve the caller's future from the sender thread (no-op if the caller gave up)."""
-        self.segments = []  # release the tensor memory now
-
-        def apply() -> None:
-            if self.future.done():
-                return
-            if error is not None:
-                self.future.set_exception(error)
-            else:
-                self.future.set_result(None)
-
-        try:
-            self.loop.call_soon_threadsafe(apply)
-        except RuntimeError:
-            pass  # the caller's loop is closed: nobody is waiting any more
-
-    def advance(self, n: int) -> bool:
-        """Account for ``n`` more bytes in the kernel; True once the whole message is."""
-        self.started = self.started or n > 0
-        while n:
-            head = self.segments[self.at]
-            if n >= head.nbytes:
-                n -= head.nbytes
-                self.at += 1
-            else:
-                self.segments[self.at] = head[n:]
-                n = 0
-        return self.at == len(self.segments)
-
-
-@dataclass
-class _Conn:
-    endpoint: str
-    sock: socket.socket | None = None
-    state: str = "down"
-    """down (waiting to connect at ``retry_at``), connecting, handshake, ready."""
-    retry_at: float = 0.0
-    control: bytes = b""
-    """Handshake bytes still to write (they go before any message)."""
-    handshake: PeerHandshake = field(default_factory=PeerHandshake)
-    queue: deque[_Send] = field(default_factory=deque)
-    last_used: float = field(default_factory=time.monotonic)
-    ever_ready: bool = False
-    last_error: str = ""
-    mask: int = 0
-    """The selector events it is registered for (0: not registered)."""
 
 
 class PushSender:
@@ -138,11 +59,11 @@ class PushSender:
         self.max_sockets = max_sockets
         self.idle_s = idle_s
         self.linger_s = linger_s
-        self._commands: queue.SimpleQueue[_Send | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[PushCommand | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._wake_tx: socket.socket | None = None
         self._thread: threading.Thread | None = None
-        self._conns: dict[str, _Conn] = {}
+        self._conns: dict[str, Connection] = {}
         self._selector: selectors.BaseSelector | None = None
         self._closed = False
         self.open_sockets = 0
@@ -167,8 +88,8 @@ class PushSender:
                 return
             try:
                 self._wake_tx.send(b"\0")
-            except (BlockingIOError, OSError):
-                pass  # wake-ups already queued: the thread will see the command anyway
+            except OSError:
+                pass  # wake-ups already queued (or stopping): the thread sees the command anyway
 
     async def send(self, endpoint: str, frames: Sequence[Any], timeout: float) -> None:
         """Push one message to ``endpoint`` within ``timeout`` seconds.
@@ -181,9 +102,9 @@ class PushSender:
             raise ValueError("a ZMQ message has at least one frame")
         deadline = time.monotonic() + timeout
         self._ensure_started()
-        family, address = await _resolve(endpoint)
+        family, address = await resolve(endpoint)
         loop = asyncio.get_running_loop()
-        command = _Send(endpoint, family, address, message_segments(frames), deadline, loop, loop.create_future(), timeout)
+        command = PushCommand(endpoint, family, address, message_segments(frames), deadline, loop, loop.create_future(), timeout)
         self._commands.put(command)
         self._wake()
         try:
@@ -219,9 +140,9 @@ class PushSender:
             while True:
                 for key, events in self._selector.select(self._select_timeout(stop_by)):
                     if key.data is None:
-                        _drain(wake_rx)
+                        drain(wake_rx)
                     else:
-                        self._on_events(key.data, events)
+                        self._guarded(key.data, key.data.on_events, events)
                 if self._take_commands() and stop_by is None:
                     stop_by = time.monotonic() + self.linger_s
                     self._fail_unstarted(TransferFailed("transfer is shutting down"))
@@ -240,6 +161,15 @@ class PushSender:
             with self._lock:
                 self._closed = True  # later sends fail at once instead of queueing for a dead thread
             self._shutdown(wake_rx)
+
+    def _guarded(self, conn: Connection, step: Any, *args: Any) -> None:
+        """Run one connection step; a broken connection goes down, a peer that is no PULL socket fails its queue."""
+        try:
+            step(*args)
+        except Broken as exc:
+            self._down(conn, str(exc))
+        except ProtocolError as exc:
+            self._fail_all(conn, TransferFailed(f"{host_port(conn.endpoint)}: {exc}"))
 
     def _select_timeout(self, stop_by: float | None) -> float:
         now = time.monotonic()
@@ -272,11 +202,11 @@ class PushSender:
                     continue
             conn.queue.append(command)
             if conn.state == "down" and conn.retry_at <= time.monotonic():
-                self._connect(conn, command)
+                self._guarded(conn, conn.connect, command)
             elif conn.state == "ready":
-                self._write(conn)
+                self._guarded(conn, conn.write)
 
-    def _open(self, endpoint: str) -> _Conn:
+    def _open(self, endpoint: str) -> Connection:
         if len(self._conns) >= self.max_sockets:
             idle = [(c.last_used, ep) for ep, c in self._conns.items() if not c.queue]
             if not idle:
@@ -284,89 +214,16 @@ class PushSender:
                     f"{host_port(endpoint)}: all {self.max_sockets} pooled sockets are busy (ENCODER_TRANSFER_MAX_SOCKETS)"
                 )
             self._close(self._conns[min(idle)[1]])
-        conn = self._conns[endpoint] = _Conn(endpoint)
+        conn = self._conns[endpoint] = Connection(endpoint)
         self.open_sockets = len(self._conns)
         return conn
-
-    def _connect(self, conn: _Conn, command: _Send) -> None:
-        sock = socket.socket(command.family, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        err = sock.connect_ex(command.address)
-        conn.sock, conn.mask = sock, 0
-        conn.handshake = PeerHandshake()
-        conn.control = GREETING + ready_command()
-        conn.state = "connecting"
-        if err not in (0, errno.EINPROGRESS):
-            self._down(conn, f"cannot connect ({errno.errorcode.get(err, err)})")
-
-    def _on_events(self, conn: _Conn, events: int) -> None:
-        if conn.sock is None:
-            return
-        if conn.state == "connecting" and events & selectors.EVENT_WRITE:
-            err = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-            if err:
-                self._down(conn, f"cannot connect ({errno.errorcode.get(err, err)})")
-                return
-            conn.state = "handshake"
-        if events & selectors.EVENT_READ:
-            self._read(conn)
-        if conn.sock is not None and events & selectors.EVENT_WRITE:
-            self._write(conn)
-
-    def _read(self, conn: _Conn) -> None:
-        assert conn.sock is not None
-        try:
-            data = conn.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self._down(conn, f"connection broke ({exc.strerror or exc})")
-            return
-        if not data:
-            self._down(conn, "closed the connection")
-            return
-        try:
-            conn.handshake.feed(data)
-        except ProtocolError as exc:
-            self._fail_all(conn, TransferFailed(f"{host_port(conn.endpoint)}: {exc}"))
-            return
-        if conn.handshake.done and conn.state == "handshake" and not conn.control:
-            conn.state, conn.ever_ready = "ready", True
-            self._write(conn)
-
-    def _write(self, conn: _Conn) -> None:
-        """Write what the kernel takes now: handshake bytes, then messages in order."""
-        assert conn.sock is not None
-        try:
-            if conn.control and conn.state in ("handshake", "ready"):
-                conn.control = conn.control[conn.sock.send(conn.control) :]
-                if conn.control:
-                    return
-                if conn.handshake.done:
-                    conn.state, conn.ever_ready = "ready", True
-            while conn.state == "ready" and conn.queue:
-                head = conn.queue[0]
-                if not head.started and head.future.done():
-                    conn.queue.popleft()  # the caller gave up before a byte went
-                    continue
-                n = conn.sock.sendmsg(head.segments[head.at : head.at + _MAX_SEGMENTS])
-                conn.last_used = time.monotonic()
-                if not head.advance(n):
-                    continue  # the kernel took part of it: try the rest (it says when it is full)
-                conn.queue.popleft()
-                head.settle()
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self._down(conn, f"connection broke ({exc.strerror or exc})")
 
     def _expire(self, now: float) -> None:
         for conn in list(self._conns.values()):
             head = conn.queue[0] if conn.queue else None
             if head is not None and head.started and now >= head.deadline:
                 conn.queue.popleft()
-                self._down(conn, "stalled", withdraw=False)  # closing cuts the message off: the receiver drops it
+                self._down(conn, "stalled", retry_s=0.0)  # the close cuts the message off: its receiver drops it
                 head.settle(
                     TransferFailed(
                         f"{host_port(conn.endpoint)} connected but did not take the data within {head.timeout:.3g}s; "
@@ -376,36 +233,27 @@ class PushSender:
                 log.warning("push to %s stalled: withdrew a message cut off at its deadline", host_port(conn.endpoint))
             for command in [c for c in conn.queue if not c.started and now >= c.deadline]:
                 conn.queue.remove(command)
-                command.settle(TransferFailed(self._never_sent(conn, command)))
+                command.settle(TransferFailed(_never_sent(conn, command)))
             if not conn.queue and conn.state != "ready":
                 self._close(conn)
 
-    @staticmethod
-    def _never_sent(conn: _Conn, command: _Send) -> str:
-        where, t = host_port(conn.endpoint), f"{command.timeout:.3g}s"
-        if conn.ever_ready:
-            return f"{where} stopped reading: nothing of this message was sent within {t}"
-        detail = f"; {conn.last_error}" if conn.last_error else ""
-        return f"{where} accepted no connection within {t} (is the prefill server listening there?{detail})"
-
-    def _down(self, conn: _Conn, reason: str, withdraw: bool = True) -> None:
-        """Close the connection; a message cut off fails (withdrawn), the others wait for the next one."""
-        self._close_socket(conn)
-        conn.state, conn.last_error = "down", reason
-        conn.retry_at = time.monotonic() + (0.0 if reason == "stalled" else _RECONNECT_S)
+    def _down(self, conn: Connection, reason: str, retry_s: float = _RECONNECT_S) -> None:
+        """Close the connection; a message it cut off fails, the others wait for the next connection."""
+        conn.close_socket(self._selector)
+        conn.state, conn.last_error, conn.retry_at = "down", reason, time.monotonic() + retry_s
         head = conn.queue[0] if conn.queue else None
-        if withdraw and head is not None and head.started:
+        if head is not None and head.started:
             conn.queue.popleft()
-            head.settle(TransferFailed(f"{host_port(conn.endpoint)} {reason} while this message was sent; nothing of it is delivered"))
+            head.settle(TransferFailed(f"{host_port(conn.endpoint)}: {reason} while this message was sent; nothing of it is delivered"))
         if not conn.queue:
             self._close(conn)
 
     def _reconnect(self, now: float) -> None:
         for conn in list(self._conns.values()):
             if conn.state == "down" and conn.queue and now >= conn.retry_at:
-                self._connect(conn, conn.queue[0])
+                self._guarded(conn, conn.connect, conn.queue[0])
 
-    def _fail_all(self, conn: _Conn, error: TransferFailed) -> None:
+    def _fail_all(self, conn: Connection, error: TransferFailed) -> None:
         for command in conn.queue:
             command.settle(error)
         conn.queue.clear()
@@ -426,11 +274,7 @@ class PushSender:
     def _update_interest(self) -> None:
         assert self._selector is not None
         for conn in self._conns.values():
-            if conn.sock is None:
-                continue
-            wants_write = conn.state == "connecting" or bool(conn.control) or (conn.state == "ready" and bool(conn.queue))
-            mask = selectors.EVENT_READ | (selectors.EVENT_WRITE if wants_write else 0)
-            if mask == conn.mask:
+            if conn.sock is None or (mask := conn.wanted_events()) == conn.mask:
                 continue
             if conn.mask:
                 self._selector.modify(conn.sock, mask, conn)
@@ -438,18 +282,8 @@ class PushSender:
                 self._selector.register(conn.sock, mask, conn)
             conn.mask = mask
 
-    def _close_socket(self, conn: _Conn) -> None:
-        sock, conn.sock = conn.sock, None
-        if sock is None:
-            return
-        if conn.mask and self._selector is not None:
-            self._selector.unregister(sock)
-        conn.mask = 0
-        _drain(sock)  # unread input would make close() reset the connection and drop what the kernel holds
-        sock.close()
-
-    def _close(self, conn: _Conn) -> None:
-        self._close_socket(conn)
+    def _close(self, conn: Connection) -> None:
+        conn.close_socket(self._selector)
         if self._conns.get(conn.endpoint) is conn:
             del self._conns[conn.endpoint]
         self.open_sockets = len(self._conns)
@@ -464,40 +298,20 @@ class PushSender:
             if command is not None:
                 command.settle(stopping)
         for conn in list(self._conns.values()):
-            head = conn.queue[0] if conn.queue else None
-            self._close_socket(conn)  # a message cut off here is dropped by its receiver
-            if head is not None and head.started:
-                head.settle(TransferFailed(f"{host_port(conn.endpoint)}: the transfer shut down while this message was sent; withdrawn"))
-                conn.queue.popleft()
+            conn.close_socket(self._selector)  # a message cut off here is dropped by its receiver
+            if conn.queue and conn.queue[0].started:
+                conn.queue.popleft().settle(
+                    TransferFailed(f"{host_port(conn.endpoint)}: the transfer shut down while this message was sent; withdrawn")
+                )
             self._fail_all(conn, stopping)
         if self._selector is not None:
             self._selector.close()
         wake_rx.close()
 
 
-def _drain(sock: socket.socket) -> None:
-    while True:
-        try:
-            if not sock.recv(65536):
-                return
-        except (BlockingIOError, InterruptedError, OSError):
-            return
-
-
-async def _resolve(endpoint: str) -> tuple[int, tuple[Any, ...]]:
-    """(address family, socket address) of an endpoint; a host name is looked up off the loop."""
-    host, port = parse_endpoint(endpoint)
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        pass
-    else:
-        return (socket.AF_INET6, (host, port, 0, 0)) if ip.version == 6 else (socket.AF_INET, (host, port))
-    try:
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise TransferFailed(f"{host_port(endpoint)}: cannot resolve {host!r} ({exc})") from None
-    if not infos:
-        raise TransferFailed(f"{host_port(endpoint)}: {host!r} resolves to no address")
-    family, _, _, _, address = infos[0]
-    return family, address
+def _never_sent(conn: Connection, command: PushCommand) -> str:
+    where, took = host_port(conn.endpoint), f"{command.timeout:.3g}s"
+    if conn.ever_ready:
+        return f"{where} stopped reading: nothing of this message was sent within {took}"
+    detail = f"; {conn.last_error}" if conn.last_error else ""
+    return f"{where} accepted no connection within {took} (is the prefill server listening there?{detail})"

@@ -7,17 +7,22 @@ Once on the transfer alone, once through a real server's /encode."""
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+import zmq
 
 from encoder_pod.errors import TransferFailed
 from encoder_pod.modality import Modality
 from encoder_pod.models.base import EncodedPart
 from encoder_pod.protocol import EncodeRequest, ItemSpec
 from encoder_pod.settings import TransferBackend, load_settings
+from encoder_pod.transfer.push_sender import PushSender
 from encoder_pod.transfer.zmq_push import ZmqTransfer
 from tests.integration.encode_client import encode
 from tests.support.server import EncoderServer, png_data_uri
@@ -112,3 +117,88 @@ def test_encode_answers_502_only_for_what_the_stalled_receiver_never_gets(tiny_m
     assert not received & failed, "a request answered 502 was delivered after all"
     assert received == ok
     assert all(c == 1 for c in got.values())
+
+
+def _bind_again(ctx: zmq.Context, port: int) -> zmq.Socket:
+    """A PULL socket on ``port`` once the old one let go of it (libzmq closes asynchronously)."""
+    deadline = time.monotonic() + 10
+    while True:
+        sock = ctx.socket(zmq.PULL)
+        try:
+            sock.bind(f"tcp://127.0.0.1:{port}")
+            return sock
+        except zmq.ZMQError:
+            sock.close(linger=0)
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_a_peer_that_is_no_zmq_socket_fails_fast():
+    junk = socket.create_server(("127.0.0.1", 0))
+    port = junk.getsockname()[1]
+
+    def answer_junk() -> None:
+        conn, _ = junk.accept()
+        with conn:
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            conn.settimeout(5)
+            try:
+                conn.recv(1024)
+            except OSError:
+                pass
+
+    async def main() -> float:
+        sender = PushSender(max_sockets=4, idle_s=60, linger_s=0)
+        try:
+            started = time.monotonic()
+            with pytest.raises(TransferFailed, match=f"127.0.0.1:{port}: not a ZMTP peer"):
+                await sender.send(f"tcp://127.0.0.1:{port}", [b"h", bytes(64 * 1024)], timeout=30)
+            return time.monotonic() - started
+        finally:
+            await sender.close()
+
+    thread = threading.Thread(target=answer_junk, daemon=True)
+    thread.start()
+    try:
+        assert asyncio.run(main()) < 5
+    finally:
+        junk.close()
+        thread.join(10)
+
+
+def test_a_restarted_receiver_gets_the_next_push_and_never_half_of_one():
+    ctx = zmq.Context()
+    socks: list[zmq.Socket] = []
+
+    async def main() -> None:
+        sender = PushSender(max_sockets=4, idle_s=60, linger_s=0)
+        frames = [b"h", bytes(64 * 1024)]
+        try:
+            socks.append(ctx.socket(zmq.PULL))
+            port = socks[0].bind_to_random_port("tcp://127.0.0.1")
+            await sender.send(f"tcp://127.0.0.1:{port}", frames, timeout=10)
+            assert [len(f) for f in socks[0].recv_multipart()] == [1, 64 * 1024]
+            socks.pop().close(linger=0)  # the prefill server restarts on the same port
+            socks.append(await asyncio.to_thread(_bind_again, ctx, port))
+            outcomes = []
+            for _ in range(3):  # a push may still meet the old connection's close: it fails, whole
+                try:
+                    await sender.send(f"tcp://127.0.0.1:{port}", frames, timeout=10)
+                    outcomes.append("sent")
+                except TransferFailed as exc:
+                    outcomes.append(str(exc))
+            assert outcomes[-1] == "sent", outcomes
+            got = []
+            while socks[0].poll(2000):
+                got.append([len(f) for f in socks[0].recv_multipart()])
+            assert got == [[1, 64 * 1024]] * outcomes.count("sent"), (outcomes, got)
+        finally:
+            await sender.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        for sock in socks:
+            sock.close(linger=0)
+        ctx.term()
