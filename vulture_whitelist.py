@@ -14,6 +14,7 @@ from encoder_pod.transfer import inline, push_sender
 # FastAPI registers route and exception handlers by decorator.
 http_server._encoder_error
 http_server._internal
+http_server._client_gone
 http_server.livez
 http_server.health_generate
 http_server.metrics_route

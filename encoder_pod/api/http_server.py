@@ -15,7 +15,9 @@ from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
+from encoder_pod.api.disconnects import CLIENT_GONE, GoneClients
 from encoder_pod.api.engine import Engine
 from encoder_pod.api.json_body import SMALL_BODY, PiecesResponse, parse_large
 from encoder_pod.api.lifecycle import DrainGate, Lifecycle
@@ -30,9 +32,6 @@ log = logging.getLogger(__name__)
 
 CONTROL_BODY_LIMIT = 64 * 1024
 """Largest body of the small control endpoints (registration, profiling)."""
-
-CLIENT_GONE = 499
-"""Status recorded (never sent) for a request whose caller disconnected (nginx's convention)."""
 
 STOP_GRACE_S = 2.0
 """After the drain: how long forwards still running (their callers already answered) may take."""
@@ -89,6 +88,12 @@ async def _until_disconnect(request: Request) -> None:
 
 def _install_error_table(app: FastAPI) -> None:
     """The one place where exceptions become status codes."""
+    gone = GoneClients()
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
+        gone.record(request.url.path)  # nobody reads the answer: 499 is what the metrics and the log record
+        return Response(status_code=CLIENT_GONE)
 
     @app.exception_handler(EncoderError)
     async def _encoder_error(request: Request, exc: EncoderError) -> JSONResponse:
@@ -163,13 +168,15 @@ def _install_encode(app: FastAPI, settings: EncoderSettings, engine: Engine, off
                 if watcher not in done:  # the drain ran out of time: answered, not dropped
                     watcher.cancel()
                     raise lifecycle.expiry_error(drain_timeout)
-                code = CLIENT_GONE
-                return Response(status_code=CLIENT_GONE)
+                raise ClientDisconnect()
             watcher.cancel()
             return _answer(task.result())
         except EncoderError as exc:
             code = exc.http_status
             exc.req_id = exc.req_id or (req_id if isinstance(req_id, str) else None)
+            raise
+        except ClientDisconnect:  # mid-body or before the answer: the caller's doing, not ours
+            code = CLIENT_GONE
             raise
         except Exception:
             code = 500
