@@ -5,7 +5,7 @@ Each line says who uses it. Anything only tests would use does not belong here: 
 
 # ruff: noqa
 # mypy: ignore-errors
-from encoder_pod import server
+from encoder_pod import json_limits, server
 from encoder_pod.api import http_server, json_body
 from encoder_pod.batching import admission
 from encoder_pod.receiver import client, pull
@@ -26,8 +26,10 @@ server._Server.capture_signals
 server._Server.should_exit
 _.timeout_graceful_shutdown
 # json.JSONDecoder's scanner reads these attributes; Starlette reads media_type; ASGI passes scope.
-json_body._SlicedDecoder.parse_string
-json_body._SlicedDecoder.scan_once
+json_limits.BoundedDecoder.parse_string
+json_limits.BoundedDecoder.parse_array
+json_limits.BoundedDecoder.parse_object
+json_limits.BoundedDecoder.scan_once
 json_body.PiecesResponse.media_type
 json_body.PiecesResponse.__call__.scope
 # The async context manager protocol.

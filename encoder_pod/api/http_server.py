@@ -23,6 +23,7 @@ from encoder_pod.api.json_body import SMALL_BODY, PiecesResponse, parse_large
 from encoder_pod.api.lifecycle import DrainGate, Lifecycle
 from encoder_pod.api.openapi import ENCODE_OPENAPI
 from encoder_pod.errors import EncoderError, InvalidRequest, PayloadTooLarge
+from encoder_pod.json_limits import JsonTooDeep, may_nest_deeper
 from encoder_pod.metrics import EdgeMetrics
 from encoder_pod.offload import Offload, freeze_startup_objects
 from encoder_pod.settings import EncoderSettings
@@ -54,9 +55,11 @@ async def _read_body(request: Request, limit: int, offload: Offload) -> Any:
             raise PayloadTooLarge(f"body is over the limit of {limit} bytes (ENCODER_MAX_REQUEST_BYTES)")
         chunks.append(chunk)
     try:
-        if size <= SMALL_BODY:
-            return json.loads(b"".join(chunks))
-        return await offload.run(parse_large, chunks)
+        if size <= SMALL_BODY and not may_nest_deeper(data := b"".join(chunks)):
+            return json.loads(data)
+        return await offload.run(parse_large, chunks)  # depth-counting; off the loop
+    except JsonTooDeep as exc:
+        raise InvalidRequest(f"body is refused: {exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"body is not valid JSON ({exc})") from None
 

@@ -7,17 +7,22 @@ holds the GIL for its whole run (about 2 ms per MiB here), so a thread alone wou
 the loop. :func:`parse_large` uses the standard library's pure-Python scanner, whose long strings
 are cut out slice by slice (the only long values a body has are its items), so the GIL returns
 to the loop between slices. The result is the value ``json.loads`` returns for the same bytes.
+
+Both refuse JSON nested deeper than :data:`encoder_pod.json_limits.MAX_DEPTH` (``JsonTooDeep``):
+a small body that could nest deeper (more brackets than that) goes to :func:`parse_large` too,
+whose decoder counts depth.
 """
 
 from __future__ import annotations
 
 import json
 import json.decoder
-import json.scanner
 from typing import Any, Callable, Sequence
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+
+from encoder_pod.json_limits import BoundedDecoder, decode_text
 
 SMALL_BODY = 256 * 1024
 """Bodies up to this size are parsed on the loop with ``json.loads``."""
@@ -25,9 +30,8 @@ SMALL_BODY = 256 * 1024
 SCAN_SLICE = 1 << 20
 """Characters of one string examined per step while parsing a large body."""
 
-# Both are in the standard library but not in its type stubs.
+# In the standard library but not in its type stubs.
 _scanstring: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
-_py_make_scanner: Callable[[json.JSONDecoder], Any] = json.scanner.py_make_scanner  # type: ignore[attr-defined]
 
 
 def _scan_string(s: str, end: int, strict: bool = True) -> tuple[str, int]:
@@ -51,21 +55,18 @@ def _scan_string(s: str, end: int, strict: bool = True) -> tuple[str, int]:
         at = stop
 
 
-class _SlicedDecoder(json.JSONDecoder):
+class _SlicedDecoder(BoundedDecoder):
     def __init__(self) -> None:
-        super().__init__()
-        self.parse_string = _scan_string
-        self.scan_once = _py_make_scanner(self)
+        super().__init__(parse_string=_scan_string)
 
 
 def parse_large(chunks: Sequence[bytes]) -> Any:
     """The JSON value of a large body given as its received chunks (CPU work: call on a thread).
 
-    Raises ``json.JSONDecodeError`` or ``UnicodeDecodeError`` as ``json.loads`` would.
+    Raises ``json.JSONDecodeError`` or ``UnicodeDecodeError`` as ``json.loads`` would, and
+    ``JsonTooDeep`` for nesting beyond the limit.
     """
-    data = b"".join(chunks)
-    text = data.decode(json.detect_encoding(data), "surrogatepass")
-    return _SlicedDecoder().decode(text)
+    return _SlicedDecoder().decode(decode_text(b"".join(chunks)))
 
 
 class PiecesResponse(Response):

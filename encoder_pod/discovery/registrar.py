@@ -32,6 +32,7 @@ from typing import Awaitable, Callable
 
 import httpx
 
+from encoder_pod import json_limits
 from encoder_pod.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,7 @@ class Registrar:
         """Whether the bootstrap lists this pod; an unreachable bootstrap counts as listed (it will probe us)."""
         try:
             resp = await client.get(f"{state.url}/list_encoder_urls")
-            urls = resp.json().get("encoder_urls", []) if resp.status_code == 200 else None
+            urls = json_limits.loads(resp.content).get("encoder_urls", []) if resp.status_code == 200 else None
         except (httpx.HTTPError, ValueError, AttributeError):
             return True
         if urls is None or self.advertise in urls:

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import httpx
 
+from encoder_pod import json_limits
 from encoder_pod.modality import Modality
 from encoder_pod.rendezvous import affinity_key, choose, item_source
 from encoder_pod.receiver.errors import DispatchError
@@ -138,7 +139,7 @@ def plan_affinity_parts(request_id: str, items: Sequence[tuple[Modality | str, A
 
 def _error_message(response: httpx.Response) -> str:
     try:
-        body = response.json()
+        body = json_limits.loads(response.content)
     except ValueError:
         return response.text[:500]
     if isinstance(body, dict) and isinstance(body.get("message"), str):
