@@ -299,7 +299,7 @@ class TransferSettings(SettingsGroup):
     transfer_socket_idle_s: float = Field(300.0, gt=0, le=86_400)
     """Seconds an unused pooled PUSH socket stays open."""
     transfer_linger_s: float = Field(2.0, ge=0, le=600)
-    """Seconds a closing PUSH socket may keep flushing queued frames."""
+    """Seconds pushes being written may take to finish at shutdown (then they are cut off, never delivered)."""
 
     @model_validator(mode="before")
     @classmethod

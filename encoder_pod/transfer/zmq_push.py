@@ -4,8 +4,9 @@ A delivery resolves its destinations, builds the frames once (:mod:`encoder_pod.
 and pushes them to every destination concurrently through the shared :class:`PushSender`, all
 within one SEND_TIMEOUT budget. ``/encode`` answers 200 only after every push completed; a
 failure names each ``host:port`` that failed and becomes 502 (TransferFailed): the encode itself
-worked, the gateway-style hop to the prefill server did not, and 504 stays reserved for the
-encoder being too slow (REQ_TIMEOUT). On any failure the receivers that can still be reached get
+worked, the gateway-style hop to the prefill server did not (and that receiver gets nothing of
+the part, ever: :mod:`encoder_pod.transfer.push_sender`), and 504 stays reserved for the encoder
+being too slow (REQ_TIMEOUT). On any failure the receivers that can still be reached get
 an error part for the request, so they stop waiting.
 """
 
