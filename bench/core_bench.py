@@ -1,9 +1,23 @@
 """Encoder-core benchmark: the HTTP server under load against the in-process ceiling.
 
 The ceiling is the same model doing the same per-image work (decode, processor, forward,
-slicing) with the same batch policy, with no server: the best the server could do on this
-machine. Run with ``make bench`` (or ``python -m bench.core_bench``); writes
-bench/results/core_<device>.json and .png.
+slicing) in batches of min(concurrency, MAX_BATCH_SIZE), with no server: the best the server could
+do on this machine. It warms the model up as the server does and runs on a thread of its own, as
+the server's model thread does.
+
+The server is measured the way its callers use it, each request done when the embedding is a
+tensor in the client's hands:
+
+- ``json``: the default inline answer, decoded from JSON and base64;
+- ``binary``: ``Accept: application/octet-stream`` (the wire format in one body);
+- ``push``: a prefill-style request, the embedding pushed over ZMQ (``WIRE_FORMAT=encoderpool``)
+  to the receiver library in this process; done when both the ``null`` answer and the embedding came.
+
+Every round runs each concurrency level for the ceiling and every server mode back to back, and
+the median round is reported (a noisy neighbour on a shared machine hits all sides alike).
+``--baseline-tree DIR`` adds the same runs against another source tree (the code before a
+change), ``before-json`` and ``before-push``. Run with ``make bench`` (or ``python -m
+bench.core_bench``); writes bench/results/core_<device>.json and .png.
 """
 
 from __future__ import annotations
@@ -12,69 +26,163 @@ import argparse
 import asyncio
 import base64
 import os
+import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from bench.common import checkpoint, jpeg_uri, machine, percentile, summary, write_json
+import httpx
+
+from bench.common import checkpoint, jpeg_uri, machine, summary, write_json
 from bench.loadgen import run_load
 
 CONCURRENCY = (1, 4, 16, 64)
+MAX_BATCH = 8
+ACCEPT = {"json": None, "binary": "application/octet-stream"}
 
 
-def ceiling(model: Path, concurrency: int, images: int, max_batch: int, device: str) -> dict[str, Any]:
-    """In-process throughput with batches of min(concurrency, max_batch) images."""
-    from encoder_pod.media.images import decode_image
-    from encoder_pod.models.base import MediaItem
-    from encoder_pod.models.registry import load_adapter
-    from encoder_pod.modality import Modality
-    from encoder_pod.settings import load_settings
+class Ceiling:
+    """The model in this process, on a thread of its own, running fixed batches back to back."""
 
-    adapter = load_adapter(load_settings(env={"ENCODER_MODEL_PATH": str(model), "ENCODER_DEVICE": device}).model)
-    raw = [base64.b64decode(jpeg_uri(seed=i).split(",", 1)[1]) for i in range(8)]
-    batch = min(concurrency, max_batch)
+    def __init__(self, model: Path, device: str) -> None:
+        from encoder_pod.models.registry import load_adapter
+        from encoder_pod.settings import load_settings
 
-    def one_batch(start: int) -> None:
-        items = [[MediaItem(Modality.IMAGE, decode_image(raw[(start + k) % 8], 40_000_000))] for k in range(batch)]
+        self._adapter = load_adapter(load_settings(env={"ENCODER_MODEL_PATH": str(model), "ENCODER_DEVICE": device}).model)
+        # As the server does before serving; without it, forwards here ran up to 10x slower under load.
+        self._adapter.warmup()
+        self._raw = [base64.b64decode(jpeg_uri(seed=i).split(",", 1)[1]) for i in range(8)]
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="ceiling-model")
+
+    def _one_batch(self, start: int, batch: int) -> None:
+        from encoder_pod.media.images import decode_image
+        from encoder_pod.models.base import MediaItem
+        from encoder_pod.modality import Modality
+
+        items = [[MediaItem(Modality.IMAGE, decode_image(self._raw[(start + k) % 8], 40_000_000))] for k in range(batch)]
         for [item] in items:
-            adapter.measure(item)
-        prepared = adapter.preprocess(items)
-        adapter.postprocess(adapter.forward(prepared), prepared)
+            self._adapter.measure(item)
+        prepared = self._adapter.preprocess(items)
+        self._adapter.postprocess(self._adapter.forward(prepared), prepared)
 
-    one_batch(0)
-    latencies = []
-    begin = time.perf_counter()
-    done = 0
-    while done < images:
-        t = time.perf_counter()
-        one_batch(done)
-        latencies.append(time.perf_counter() - t)
-        done += batch
-    result = summary(latencies, done, time.perf_counter() - begin)
-    result.update({"concurrency": concurrency, "batch": batch})
+    def _run(self, concurrency: int, images: int) -> dict[str, Any]:
+        batch = min(concurrency, MAX_BATCH)
+        self._one_batch(0, batch)
+        latencies: list[float] = []
+        begin = time.perf_counter()
+        done = 0
+        while done < images:
+            t = time.perf_counter()
+            self._one_batch(done, batch)
+            latencies.append(time.perf_counter() - t)
+            done += batch
+        result = summary(latencies, done, time.perf_counter() - begin)
+        result.update({"concurrency": concurrency, "batch": batch, "mean_batch": float(batch)})
+        return result
+
+    def run(self, concurrency: int, images: int) -> dict[str, Any]:
+        """Throughput with batches of min(concurrency, MAX_BATCH) images; p50 is per batch."""
+        return self._thread.submit(self._run, concurrency, images).result()
+
+
+def _body_for(mode: str, uris: list[str], prefix: str, port: int | None) -> Callable[[int], dict[str, Any]]:
+    def body(n: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"req_id": f"{prefix}-{n}", "modality": "IMAGE", "mm_items": [uris[n % len(uris)]]}
+        if port is not None:
+            out.update(prefill_host="127.0.0.1", embedding_port=port)
+        return out
+
+    return body
+
+
+async def _server_run(base_url: str, mode: str, uris: list[str], concurrency: int, total: int) -> dict[str, Any]:
+    from encoder_pod.receiver import AsyncEmbeddingReceiver, decode_answer
+
+    prefix = f"{mode}-{time.monotonic_ns()}"
+    if mode == "push":
+        async with AsyncEmbeddingReceiver("127.0.0.1", 0) as rx:
+            async def received(n: int, resp: httpx.Response) -> None:
+                (await rx.wait(f"{prefix}-{n}", timeout=120)).embedding()
+
+            return await run_load(base_url, _body_for(mode, uris, prefix, rx.port), concurrency, total, finish=received)
+
+    async def decoded(n: int, resp: httpx.Response) -> None:
+        decode_answer(resp.headers.get("content-type"), resp.content)
+
+    accept = ACCEPT[mode]
+    return await run_load(
+        base_url, _body_for(mode, uris, prefix, None), concurrency, total,
+        headers={"accept": accept} if accept else None, finish=decoded,
+    )
+
+
+def _batch_stats(server: Any) -> tuple[float, float]:
+    return server.metric("encoder_batch_size_sum"), server.metric("encoder_batch_size_count")
+
+
+def server_run(server: Any, mode: str, uris: list[str], concurrency: int, total: int) -> dict[str, Any]:
+    """One closed-loop run against ``server``; adds the mean batch size the server formed meanwhile."""
+    before = _batch_stats(server)
+    result = asyncio.run(_server_run(server.base_url, mode, uris, concurrency, total))
+    after = _batch_stats(server)
+    batches = after[1] - before[1]
+    result["mean_batch"] = (after[0] - before[0]) / batches if batches else float("nan")
     return result
 
 
+def _median(runs: list[dict[str, Any]], key: str) -> dict[str, float]:
+    values = [r[key] for r in runs]
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summarize(runs: dict[str, dict[int, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Medians and ranges per side and level, and the goals as medians of per-round comparisons."""
+    table: dict[str, dict[str, Any]] = {}
+    for side, levels in runs.items():
+        table[side] = {str(c): {k: _median(rs, k) for k in ("images_per_s", "p50_ms", "p99_ms", "mean_batch")}
+                       for c, rs in levels.items()}
+    ceiling = runs["ceiling"]
+    goals: dict[str, Any] = {}
+    for side, levels in runs.items():
+        if side == "ceiling":
+            continue
+        paired = list(zip(levels.get(1, []), ceiling[1]))
+        if paired:
+            overhead = [s["p50_ms"] - c["p50_ms"] for s, c in paired]
+            goals[f"{side}_p50_overhead_ms_c1"] = {"median": statistics.median(overhead), "min": min(overhead), "max": max(overhead)}
+        for c in (4, 16, 64):
+            ratios = [s["images_per_s"] / q["images_per_s"] for s, q in zip(levels.get(c, []), ceiling[c])]
+            if ratios:
+                goals[f"{side}_throughput_ratio_c{c}"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+    return {"table": table, "goals": goals}
+
+
 def plot(data: dict[str, Any], path: Path) -> None:
-    """Throughput and p50 latency, server vs ceiling, against concurrency."""
+    """Throughput against concurrency per side, and the p50 overhead at concurrency 1."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    conc = [r["concurrency"] for r in data["server"]]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.plot(conc, [r["images_per_s"] for r in data["server"]], "o-", label="server")
-    a.plot(conc, [r["images_per_s"] for r in data["ceiling"]], "s--", label="in-process ceiling")
-    a.set(xscale="log", xlabel="concurrency", ylabel="images/s", title="throughput")
-    b.plot(conc, [r["p50_ms"] for r in data["server"]], "o-", label="server p50")
-    b.plot(conc, [r["p99_ms"] for r in data["server"]], "^:", label="server p99")
-    b.plot(conc, [r["p50_ms"] for r in data["ceiling"]], "s--", label="ceiling p50 (per batch)")
-    b.set(xscale="log", yscale="log", xlabel="concurrency", ylabel="ms", title="latency")
-    for ax in (a, b):
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-    fig.suptitle(f"encoder core, {data['model']} on {data['device']}")
+    table, goals = data["summary"]["table"], data["summary"]["goals"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for side, levels in table.items():
+        conc = sorted(int(c) for c in levels)
+        style = "s--" if side == "ceiling" else (":" if side.startswith("before") else "-")
+        a.plot(conc, [levels[str(c)]["images_per_s"]["median"] for c in conc], style if "s" in style else "o" + style, label=side)
+    a.set(xscale="log", xlabel="concurrency", ylabel="images/s (median round)", title="throughput")
+    a.grid(True, alpha=0.3)
+    a.legend(fontsize=8)
+    sides = [s for s in table if f"{s}_p50_overhead_ms_c1" in goals]
+    meds = [goals[f"{s}_p50_overhead_ms_c1"]["median"] for s in sides]
+    lows = [m - goals[f"{s}_p50_overhead_ms_c1"]["min"] for s, m in zip(sides, meds)]
+    highs = [goals[f"{s}_p50_overhead_ms_c1"]["max"] - m for s, m in zip(sides, meds)]
+    b.bar(sides, meds, yerr=[lows, highs], capsize=4)
+    b.set(ylabel="ms", title="p50 at concurrency 1 minus the in-process encode")
+    b.tick_params(axis="x", labelrotation=20)
+    b.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(f"encoder core, {data['model']} on {data['device']} ({data['rounds']} rounds, median; bars: range)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -85,45 +193,53 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--requests-per-client", type=int, default=6)
     parser.add_argument("--min-requests", type=int, default=48)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--modes", default="json,binary,push")
+    parser.add_argument("--baseline-tree", type=Path, default=None, help="source tree of the code to compare against")
     args = parser.parse_args()
     from tests.support.server import EncoderServer
 
     model = checkpoint(args.arch)
-    max_batch = 8
     uris = [jpeg_uri(seed=i) for i in range(8)]
-    data: dict[str, Any] = {"model": f"{args.arch}-moderate", "device": args.device, "machine": machine(),
-                            "max_batch_size": max_batch, "server": [], "ceiling": []}
-    env = {"ENCODER_MAX_BATCH_SIZE": str(max_batch), "ENCODER_DEVICE": args.device, "ENCODER_MAX_QUEUE": "4096"}
-    # Server and ceiling alternate per concurrency level, over several rounds, and the median
-    # round is kept: a noisy neighbour on a shared machine hits both sides alike.
-    rounds: dict[str, dict[int, list[dict[str, Any]]]] = {"server": {}, "ceiling": {}}
-    with EncoderServer(model, env=env) as server:
-        body = lambda n: {"req_id": f"bench-{time.monotonic_ns()}-{n}", "modality": "IMAGE", "mm_items": [uris[n % 8]]}  # noqa: E731
-        asyncio.run(run_load(server.base_url, body, 4, 16))  # warm-up
+    env = {"ENCODER_MAX_BATCH_SIZE": str(MAX_BATCH), "ENCODER_DEVICE": args.device, "ENCODER_MAX_QUEUE": "4096",
+           "ENCODER_WIRE_FORMAT": "encoderpool"}
+    servers = {"server": (EncoderServer(model, env=env), args.modes.split(","))}
+    if args.baseline_tree is not None:
+        # PYTHONSAFEPATH: the working directory (this tree) must not come before the baseline on sys.path.
+        base_env = {**env, "PYTHONPATH": str(args.baseline_tree.resolve()), "PYTHONSAFEPATH": "1"}
+        servers["before"] = (EncoderServer(model, env=base_env), ["json", "push"])
+    ceiling = Ceiling(model, args.device)
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {"ceiling": {}}
+    try:
+        for server, _ in servers.values():
+            server.start()
+        for name, (server, modes) in servers.items():
+            for mode in modes:
+                server_run(server, mode, uris, 4, 16)  # warm-up
         for r in range(args.rounds):
             for c in CONCURRENCY:
                 total = max(args.min_requests, c * args.requests_per_client)
-                res = asyncio.run(run_load(server.base_url, body, c, total))
+                res = ceiling.run(c, total)
                 res["loadavg_1m"] = os.getloadavg()[0]
-                rounds["server"].setdefault(c, []).append(res)
-                print(f"round {r} server   c={c:3d} {res['images_per_s']:7.1f} img/s p50 {res['p50_ms']:7.1f} ms p99 {res['p99_ms']:7.1f} ms", flush=True)
-                res = ceiling(model, c, total, max_batch, args.device)
-                res["loadavg_1m"] = os.getloadavg()[0]
-                rounds["ceiling"].setdefault(c, []).append(res)
-                print(f"round {r} ceiling  c={c:3d} {res['images_per_s']:7.1f} img/s p50 {res['p50_ms']:7.1f} ms (batch {res['batch']})", flush=True)
-    for side in ("server", "ceiling"):
-        for c in CONCURRENCY:
-            runs = sorted(rounds[side][c], key=lambda x: x["images_per_s"])
-            data[side].append({**runs[len(runs) // 2], "rounds": runs})
-    by_c = {r["concurrency"]: r for r in data["server"]}
-    ceil = {r["concurrency"]: r for r in data["ceiling"]}
-    data["goals"] = {
-        "throughput_ratio_c16": by_c[16]["images_per_s"] / ceil[16]["images_per_s"],
-        "p50_overhead_ms_c1": by_c[1]["p50_ms"] - ceil[1]["p50_ms"],
-    }
-    print(f"server/ceiling at c=16: {data['goals']['throughput_ratio_c16']:.2f}x; "
-          f"p50 overhead at c=1: {data['goals']['p50_overhead_ms_c1']:.1f} ms")
+                runs["ceiling"].setdefault(c, []).append(res)
+                print(f"round {r} ceiling       c={c:3d} {res['images_per_s']:6.1f} img/s p50 {res['p50_ms']:7.1f} ms "
+                      f"(batch {res['batch']}) load {res['loadavg_1m']:.1f}", flush=True)
+                for name, (server, modes) in servers.items():
+                    for mode in modes:
+                        res = server_run(server, mode, uris, c, total)
+                        res["loadavg_1m"] = os.getloadavg()[0]
+                        runs.setdefault(f"{name}-{mode}", {}).setdefault(c, []).append(res)
+                        print(f"round {r} {name + '-' + mode:13s} c={c:3d} {res['images_per_s']:6.1f} img/s p50 "
+                              f"{res['p50_ms']:7.1f} ms p99 {res['p99_ms']:7.1f} ms batch {res['mean_batch']:.2f} "
+                              f"errors {res['errors']} load {res['loadavg_1m']:.1f}", flush=True)
+    finally:
+        for server, _ in servers.values():
+            server.stop()
+    data: dict[str, Any] = {"model": f"{args.arch}-moderate", "device": args.device, "machine": machine(),
+                            "max_batch_size": MAX_BATCH, "rounds": args.rounds, "runs": runs}
+    data["summary"] = summarize(runs)
+    for key, value in data["summary"]["goals"].items():
+        print(f"{key}: {value['median']:.2f} ({value['min']:.2f} .. {value['max']:.2f})")
     name = f"core_{args.device}"
     write_json(name, data)
     plot(data, Path(__file__).resolve().parent / "results" / f"{name}.png")

@@ -38,7 +38,7 @@ from encoder_pod.metrics import ReplicaMetrics
 from encoder_pod.models.base import EncodedPart, EncoderAdapter, MediaItem
 from encoder_pod.modality import Modality
 from encoder_pod.models.registry import AdapterLoader, load_adapter
-from encoder_pod.offload import Offload, freeze_startup_objects
+from encoder_pod.offload import freeze_startup_objects
 from encoder_pod.profiling import Profiler, TorchProfiler
 from encoder_pod.protocol import EncodeRequest, ItemSpec, parse_encode_request
 from encoder_pod.readiness import LoadStep, Readiness, ReplicaState
@@ -70,10 +70,8 @@ class EncoderRuntime:
         self.load_error: str | None = None
         self.adapter: EncoderAdapter | None = None
         self._loader = adapter_loader
-        self._offload = Offload(name="runtime-offload")
         self._transfer = transfer or TransferRouter(
-            settings.transfer, max_registrations=settings.admission.max_queue, offload=self._offload,
-            bind_host=settings.server.host,
+            settings.transfer, max_registrations=settings.admission.max_queue, bind_host=settings.server.host,
         )
         self._scheduler: BatchScheduler | None = None
         self._media_exec = ThreadPoolExecutor(settings.media.mm_load_workers, thread_name_prefix="media")
@@ -159,7 +157,6 @@ class EncoderRuntime:
             await self._scheduler.stop(grace)
         await self._transfer.close()
         self._media_exec.shutdown(wait=False, cancel_futures=True)
-        self._offload.close()
 
     # --- /encode --------------------------------------------------------------------------
     def _check_serving(self) -> EncoderAdapter:

@@ -19,7 +19,8 @@ from starlette.requests import ClientDisconnect
 
 from encoder_pod.api.disconnects import CLIENT_GONE, GoneClients
 from encoder_pod.api.engine import Engine
-from encoder_pod.api.json_body import SMALL_BODY, PiecesResponse, parse_large
+from encoder_pod.api.answers import answer_response
+from encoder_pod.api.json_body import SMALL_BODY, parse_large
 from encoder_pod.api.lifecycle import DrainGate, Lifecycle
 from encoder_pod.api.openapi import ENCODE_OPENAPI
 from encoder_pod.errors import EncoderError, InvalidRequest, PayloadTooLarge
@@ -27,7 +28,6 @@ from encoder_pod.json_limits import JsonTooDeep, may_nest_deeper
 from encoder_pod.metrics import EdgeMetrics
 from encoder_pod.offload import Offload, freeze_startup_objects
 from encoder_pod.settings import EncoderSettings
-from encoder_pod.transfer.inline import InlineAnswer
 
 log = logging.getLogger(__name__)
 
@@ -124,13 +124,6 @@ def _lifespan(
     return lifespan
 
 
-def _answer(answer: InlineAnswer | None) -> Response:
-    """The HTTP response of an /encode answer: ``null`` once pushed, else the inline body in pieces."""
-    if answer is None:
-        return JSONResponse(None)
-    return PiecesResponse(answer.render())
-
-
 def create_app(settings: EncoderSettings, engine: Engine, lifecycle: Lifecycle | None = None) -> FastAPI:
     """The encoder pod's HTTP app over ``engine``; ``lifecycle`` is the drain state the server drives."""
     offload = Offload(name="http-offload")
@@ -173,7 +166,7 @@ def _install_encode(app: FastAPI, settings: EncoderSettings, engine: Engine, off
                     raise lifecycle.expiry_error(drain_timeout)
                 raise ClientDisconnect()
             watcher.cancel()
-            return _answer(task.result())
+            return await answer_response(task.result(), request.headers.get("accept"), offload)
         except EncoderError as exc:
             code = exc.http_status
             exc.req_id = exc.req_id or (req_id if isinstance(req_id, str) else None)

@@ -70,14 +70,22 @@ def parse_large(chunks: Sequence[bytes]) -> Any:
 
 
 class PiecesResponse(Response):
-    """A JSON response whose body is sent piece by piece (the HTTP server's flow control in between)."""
+    """A response (JSON unless ``media_type`` says otherwise) whose body is sent piece by piece
+    (the HTTP server's flow control in between)."""
 
     media_type = "application/json"
 
-    def __init__(self, pieces: Sequence[bytes | bytearray | memoryview], status_code: int = 200) -> None:
+    def __init__(
+        self,
+        pieces: Sequence[bytes | bytearray | memoryview],
+        status_code: int = 200,
+        media_type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self._pieces = pieces
-        size = sum(len(p) for p in pieces)
-        super().__init__(content=None, status_code=status_code, headers={"content-length": str(size)})
+        size = sum(memoryview(p).nbytes for p in pieces)
+        headers = {**(headers or {}), "content-length": str(size)}
+        super().__init__(content=None, status_code=status_code, headers=headers, media_type=media_type)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})

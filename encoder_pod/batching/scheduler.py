@@ -1,10 +1,17 @@
 """Cross-request batching: one task owns the waiting queue, a second runs forwards.
 
-Two stages joined by a queue of one prepared batch, so the CPU preprocessing of batch k+1 runs
-on its own thread while the forward of batch k runs on the model thread:
+Two stages, at most one batch between them, and batches formed late:
 
-    submit() -> inbox -> [former: drop dead, take_batch, preprocess] -> prepared(1)
+    submit() -> inbox -> [former: drop dead, take_batch when due, preprocess] -> prepared (one batch)
              -> [runner: forward, postprocess, set futures]
+
+The former forms the next batch only once the prepared slot is empty (the runner took the batch
+before it) and the model is about to be free: :func:`~encoder_pod.batching.pacing.formation_due`
+puts that moment one preprocessing estimate before the forward in progress should end, so the
+next batch's preprocessing still overlaps that forward, and every request that arrived until then
+joins it. A forward of unknown length (nothing seen yet) is waited for. An idle model takes the
+next batch at once and preprocesses it on the model thread itself, in the same call as its
+forward: there is nothing to overlap with, and it saves a hand-off between threads.
 
 Failure isolation: when a batched processor call or forward raises, every request of that
 batch is retried alone, so only requests that fail on their own get an error.
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +29,7 @@ from typing import Callable, Iterable
 
 from encoder_pod.batching.entry import PendingEntry, as_encoder_error
 from encoder_pod.batching.formation import BatchLimits, take_batch
+from encoder_pod.batching.pacing import Pacing, formation_due
 from encoder_pod.errors import EncoderError, ShuttingDown, SliceMismatch
 from encoder_pod.metrics import ReplicaMetrics
 from encoder_pod.models.base import EncodedPart, EncoderAdapter, MediaItem, PreparedBatch
@@ -28,8 +37,17 @@ from encoder_pod.settings import BatchingSettings
 
 log = logging.getLogger(__name__)
 
-_Stage = tuple[list[PendingEntry], "PreparedBatch | BaseException"]
-"""One preprocessed batch (or why it failed) on its way to the model thread."""
+_Stage = tuple[list[PendingEntry], "PreparedBatch | BaseException | None"]
+"""One batch on its way to the model thread: preprocessed, why that failed, or None: the model was
+idle when it formed, so it is preprocessed on the model thread itself, just before its forward."""
+
+
+class _PreprocessFailed(Exception):
+    """Carries a preprocessing failure out of a preprocess-and-forward call on the model thread."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class BatchScheduler:
@@ -41,19 +59,29 @@ class BatchScheduler:
         settings: BatchingSettings,
         metrics: ReplicaMetrics,
         on_forward: Callable[[], None] | None = None,
+        pacing: Pacing | None = None,
     ) -> None:
         self._adapter = adapter
         self._settings = settings
         self._limits = BatchLimits.of(settings)
         self._metrics = metrics
         self._on_forward = on_forward or (lambda: None)
+        self._pacing = pacing or Pacing()
         self._inbox: asyncio.Queue[PendingEntry] = asyncio.Queue()
         self._waiting: deque[PendingEntry] = deque()
-        self._prepared: asyncio.Queue[_Stage] = asyncio.Queue(maxsize=1)
+        self._prepared: asyncio.Queue[_Stage] = asyncio.Queue()
+        """Preprocessed batches for the runner: one at a time (more only for one-by-one retries)."""
+        self._forming: list[PendingEntry] = []
+        """The batch being preprocessed (failed by :meth:`stop` if it never reaches the runner)."""
+        self._free_at = -math.inf
+        """When the model should be free: -inf idle, inf while a forward of unknown length runs."""
+        self._wake = asyncio.Event()
+        """Set on every arrival and every change of the runner: the former looks again."""
         self._pre_exec = ThreadPoolExecutor(1, thread_name_prefix="preprocess")
         self.model_exec = ThreadPoolExecutor(1, thread_name_prefix="model")
         self._tasks: list[asyncio.Task[None]] = []
-        self._busy = 0
+        self._running: list[PendingEntry] = []
+        """The batch the runner holds (in its forward, or retried one by one)."""
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -66,6 +94,7 @@ class BatchScheduler:
     def submit(self, entry: PendingEntry) -> None:
         """Hand an admitted, decoded request to the queue's owner."""
         self._inbox.put_nowait(entry)
+        self._wake.set()
 
     def fail_waiting(self, error: EncoderError) -> int:
         """Fail every request that has not started (shutdown); returns how many."""
@@ -81,14 +110,16 @@ class BatchScheduler:
         """Stop: fail waiting requests, let started batches finish within ``grace``, fail the rest."""
         self.fail_waiting(ShuttingDown("server is shutting down"))
         deadline = time.monotonic() + grace
-        while (self._busy or not self._prepared.empty()) and time.monotonic() < deadline:
+        while (self._running or self._forming or not self._prepared.empty()) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        unfinished = self._running + self._forming
         while not self._prepared.empty():
-            for entry in self._prepared.get_nowait()[0]:
-                entry.fail(ShuttingDown("server is shutting down"))
+            unfinished.extend(self._prepared.get_nowait()[0])
+        for entry in unfinished:
+            entry.fail(ShuttingDown("server is shutting down"))
         self.fail_waiting(ShuttingDown("server is shutting down"))
         self._pre_exec.shutdown(wait=False, cancel_futures=True)
         self.model_exec.shutdown(wait=False, cancel_futures=True)
@@ -107,17 +138,13 @@ class BatchScheduler:
         return parts[0]
 
     # --- stage 1: forming and preprocessing -----------------------------------------------
-    async def _pull(self, timeout: float | None) -> bool:
-        """Move arrivals into the waiting deque; wait up to ``timeout`` (None = forever) for one."""
-        if self._inbox.empty():
-            try:
-                entry = await (self._inbox.get() if timeout is None else asyncio.wait_for(self._inbox.get(), timeout))
-            except TimeoutError:
-                return False
-            self._waiting.append(entry)
-        while not self._inbox.empty():
-            self._waiting.append(self._inbox.get_nowait())
-        return True
+    async def _sleep(self, timeout: float | None) -> None:
+        """Until something changes (an arrival, the runner) or ``timeout`` seconds (None: no limit)."""
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except TimeoutError:
+            pass
+        self._wake.clear()
 
     def _drop_dead(self, entries: Iterable[PendingEntry]) -> list[PendingEntry]:
         """The live entries of ``entries``; every dead one is counted as dropped (the one drop loop)."""
@@ -129,44 +156,65 @@ class BatchScheduler:
                 self._metrics.dropped.labels(reason=entry.drop_reason).inc()
         return alive
 
-    def _take(self, started: list[PendingEntry]) -> list[PendingEntry]:
-        """Drop dead waiters, then form (or extend) a batch from the waiting deque (:func:`take_batch`)."""
-        batch, rest = take_batch(self._drop_dead(self._waiting), self._limits, started)
-        self._waiting = deque(rest)
-        return batch
+    def _due(self, batch: list[PendingEntry]) -> float:
+        """When ``batch``, as it stands, should be committed (:func:`formation_due`)."""
+        full = len(batch) >= self._limits.max_batch_size or not batch[0].modality.batchable
+        return formation_due(
+            model_free_at=self._free_at,
+            preprocess_s=self._pacing.preprocess.predict(sum(e.tokens for e in batch)),
+            oldest_submitted=batch[0].admitted_at,
+            max_wait_s=self._settings.max_wait_ms / 1000.0,
+            full=full,
+        )
 
     async def _next_batch(self) -> list[PendingEntry]:
-        await self._pull(None if not self._waiting else 0)
-        batch = self._take([])
-        wait_s = self._settings.max_wait_ms / 1000.0
-        if batch and wait_s > 0 and batch[0].modality.batchable:
-            deadline = time.monotonic() + wait_s
-            while len(batch) < self._settings.max_batch_size and (left := deadline - time.monotonic()) > 0:
-                if await self._pull(left):
-                    batch = self._take(batch)
-        return self._drop_dead(batch)
+        """The next batch, taken from the waiting requests (:func:`take_batch`) once it is due."""
+        while True:
+            while not self._inbox.empty():
+                self._waiting.append(self._inbox.get_nowait())
+            self._waiting = deque(self._drop_dead(self._waiting))
+            batch, rest = take_batch(self._waiting, self._limits)
+            if not batch:
+                await self._sleep(None)
+                continue
+            wait = self._due(batch) - time.monotonic()
+            if wait <= 0:
+                self._waiting = deque(rest)
+                return batch
+            await self._sleep(wait if math.isfinite(wait) else None)
 
     async def _form_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            while not self._prepared.empty():  # one batch ahead of the model, never more
+                await self._sleep(None)
             batch = await self._next_batch()
-            if not batch:
-                continue
             now = time.monotonic()
             for entry in batch:
                 self._metrics.queue_wait.observe(now - entry.admitted_at)
             self._metrics.queue_depth.set(self.depth)
-            for stage in await self._preprocess(loop, batch):
-                await self._prepared.put(stage)
+            if self._free_at == -math.inf and not self._running:
+                # Nothing to overlap with: preprocessing on the model thread saves a hand-off.
+                self._prepared.put_nowait((batch, None))
+                continue
+            self._forming = batch
+            stages = await self._preprocess(loop, batch)
+            self._forming = []
+            for stage in stages:
+                self._prepared.put_nowait(stage)
 
     async def _preprocess(self, loop: asyncio.AbstractEventLoop, batch: list[PendingEntry]) -> list[_Stage]:
         try:
             return [(batch, await self._timed_preprocess(loop, batch))]
         except Exception as exc:  # noqa: BLE001 - isolated below, one request at a time
-            if len(batch) == 1:
-                return [(batch, exc)]
-            self._metrics.batch_failures.labels(stage="preprocess").inc()
-            log.warning("batched preprocess of %d requests failed (%s); retrying one by one", len(batch), exc)
+            return await self._preprocess_alone(loop, batch, exc)
+
+    async def _preprocess_alone(self, loop: asyncio.AbstractEventLoop, batch: list[PendingEntry], exc: Exception) -> list[_Stage]:
+        """After the batched processor call raised ``exc``: each request preprocessed on its own."""
+        if len(batch) == 1:
+            return [(batch, exc)]
+        self._metrics.batch_failures.labels(stage="preprocess").inc()
+        log.warning("batched preprocess of %d requests failed (%s); retrying one by one", len(batch), exc)
         stages: list[_Stage] = []
         for entry in batch:
             try:
@@ -176,17 +224,33 @@ class BatchScheduler:
         return stages
 
     async def _timed_preprocess(self, loop: asyncio.AbstractEventLoop, batch: list[PendingEntry]) -> PreparedBatch:
+        return await loop.run_in_executor(self._pre_exec, self._preprocess_now, batch)
+
+    def _preprocess_now(self, batch: list[PendingEntry]) -> PreparedBatch:
+        """The processor call of ``batch`` on the calling thread, timed."""
         start = time.perf_counter()
-        prepared = await loop.run_in_executor(self._pre_exec, self._adapter.preprocess, [e.items for e in batch])
-        self._metrics.preprocess_latency.observe(time.perf_counter() - start)
+        prepared = self._adapter.preprocess([e.items for e in batch])
+        seconds = time.perf_counter() - start
+        self._metrics.preprocess_latency.observe(seconds)
+        self._pacing.preprocess.observe(sum(e.tokens for e in batch), seconds)
         return prepared
+
+    def _preprocess_and_forward(self, batch: list[PendingEntry]) -> tuple[PreparedBatch, list[EncodedPart]]:
+        """Both stages in one call on the model thread (an idle model: no thread hand-off between them)."""
+        try:
+            prepared = self._preprocess_now(batch)
+        except Exception as exc:  # noqa: BLE001 - told apart from a failed forward by the caller
+            raise _PreprocessFailed(exc) from exc
+        return prepared, self._forward(prepared)
 
     # --- stage 2: forward -------------------------------------------------------------------
     def _forward(self, prepared: PreparedBatch) -> list[EncodedPart]:
         start = time.perf_counter()
         try:
             output = self._adapter.forward(prepared)
-            return self._adapter.postprocess(output, prepared)
+            parts = self._adapter.postprocess(output, prepared)
+            self._pacing.forward.observe(prepared.total_tokens, time.perf_counter() - start)
+            return parts
         finally:
             self._metrics.forward_latency.observe(time.perf_counter() - start)
             self._on_forward()
@@ -194,15 +258,17 @@ class BatchScheduler:
     async def _run_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            if self._prepared.empty():
+                self._free_at = -math.inf  # idle: the next batch is due as soon as it exists
+                self._wake.set()
             entries, prepared = await self._prepared.get()
-            self._busy += 1
-            try:
-                await self._run_stage(loop, entries, prepared)
-            finally:
-                self._busy -= 1
+            self._wake.set()  # the slot ahead of the model is free again
+            self._running = entries
+            await self._run_stage(loop, entries, prepared)
+            self._running = []  # not on cancellation: stop() fails what was left running
 
     async def _run_stage(
-        self, loop: asyncio.AbstractEventLoop, entries: list[PendingEntry], prepared: PreparedBatch | BaseException
+        self, loop: asyncio.AbstractEventLoop, entries: list[PendingEntry], prepared: PreparedBatch | BaseException | None
     ) -> None:
         if not any(e.alive for e in entries):
             self._drop_dead(entries)  # every caller gave up while it was preprocessed
@@ -212,7 +278,11 @@ class BatchScheduler:
                 entry.fail(as_encoder_error(prepared, stage="preprocess"))
             return
         try:
-            parts = await loop.run_in_executor(self.model_exec, self._forward, prepared)
+            done, parts = await self._compute(loop, entries, prepared)
+        except _PreprocessFailed as failed:
+            for stage in await self._preprocess_alone(loop, entries, failed.cause):
+                await self._run_stage(loop, *stage)
+            return
         except Exception as exc:  # noqa: BLE001 - isolated below
             if isinstance(exc, SliceMismatch):
                 self._metrics.slice_mismatches.inc()
@@ -225,9 +295,21 @@ class BatchScheduler:
                 for stage in await self._preprocess(loop, [entry]):
                     await self._run_stage(loop, *stage)
             return
-        self._observe(entries, prepared)
+        self._observe(entries, done)
         for entry, part in zip(entries, parts):
             entry.succeed(part)
+
+    async def _compute(
+        self, loop: asyncio.AbstractEventLoop, entries: list[PendingEntry], prepared: PreparedBatch | None
+    ) -> tuple[PreparedBatch, list[EncodedPart]]:
+        """The forward of a prepared batch, or preprocessing and forward of an unprepared one, on the model thread."""
+        tokens = sum(e.tokens for e in entries)
+        ahead = self._pacing.preprocess.predict(tokens) if prepared is None else 0.0
+        self._free_at = self._pacing.forward_end(time.monotonic() + ahead, tokens)
+        self._wake.set()
+        if prepared is None:
+            return await loop.run_in_executor(self.model_exec, self._preprocess_and_forward, entries)
+        return prepared, await loop.run_in_executor(self.model_exec, self._forward, prepared)
 
     def _observe(self, entries: list[PendingEntry], prepared: PreparedBatch) -> None:
         self._metrics.batch_size.observe(len(entries))

@@ -4,9 +4,10 @@ It validates (the body parser), admits (:class:`~encoder_pod.batching.admission.
 429, the same bound as a single process), routes to the least pending ready worker and answers;
 it never imports torch and never runs model work. Packing a request (its items go as raw frames)
 runs on an offload thread, and an inline answer comes back as a typed
-:class:`~encoder_pod.transfer.inline.InlineAnswer` whose data frame is never copied here, so the
-event loop stays free for /health while the workers are busy. Sends never block (a bound PUSH
-with no peer refuses at once) and every wait has a deadline.
+:class:`~encoder_pod.transfer.inline.InlineAnswer` whose raw data frame is never copied here (the
+HTTP edge renders it as the caller asked; base64 for JSON on a thread), so the event loop stays
+free for /health while the workers are busy. Sends never block (a bound PUSH with no peer refuses
+at once) and every wait has a deadline.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 A message is a ZMQ multipart: frame 0 is a msgpack map ``{"v": WIRE_VERSION, "k": kind, ...fields}``
 of one of the structs below; any further frames are raw bytes that msgpack never copies into a
 map: an :class:`Encode`'s item sources (frame i+1 is item i, UTF-8), a :class:`Result`'s inline
-embedding (frame 1, the :class:`~encoder_pod.transfer.inline.InlineAnswer`'s data). Nothing here is pickled: both ends
-only ever build the struct named by the kind, so a bad frame is a :class:`ProtocolError`, never
+embedding (frame 1, the :class:`~encoder_pod.transfer.inline.InlineAnswer`'s raw tensor bytes; the
+front renders them as the caller asked). Nothing here is pickled: both ends only ever build the struct named by the kind, so a bad frame is a :class:`ProtocolError`, never
 code execution.
 """
 
@@ -26,7 +26,7 @@ from encoder_pod.readiness import LoadStep, ReplicaState
 Frame = bytes | bytearray | memoryview
 """One raw frame of a multipart message."""
 
-WIRE_VERSION = 3
+WIRE_VERSION = 4
 """Bumped on any change of a struct; both ends are one install, so a mismatch is a bug."""
 
 

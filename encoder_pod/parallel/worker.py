@@ -245,7 +245,7 @@ class WorkerServer:
         frames: list[Frame]
         try:
             if isinstance(answer, InlineAnswer):
-                # The embedding's text travels as a frame of its own, never inside msgpack.
+                # The embedding's bytes travel as a frame of their own (zero-copy), never inside msgpack.
                 meta, data = answer.to_wire()
                 frames = pack(Result(rank, gen, call_id, inline=meta), data)
             else:

@@ -7,6 +7,9 @@
   post the parts (and the receive-URL registrations of zmq_to_scheduler); :func:`plan_affinity_parts`
   and :mod:`encoder_pod.rendezvous`: the cache-affinity rule (rendezvous hashing over a
   pool's ready endpoints).
+- :meth:`EncoderClient.encode` / :func:`decode_answer`: the embedding in the /encode answer
+  instead of a push, as the wire format in one body (``Accept: application/octet-stream``),
+  msgpack or JSON, read as strictly as a push.
 - :mod:`encoder_pod.receiver.wire`: the wire format itself (docs/wire-format.md).
 
 Nothing here imports the encoder server: a prefill process pays for torch, pyzmq, msgpack and
@@ -23,6 +26,7 @@ from encoder_pod.receiver.assembly import (
     Rejected,
 )
 from encoder_pod.rendezvous import affinity_key, choose
+from encoder_pod.receiver.answers import decode_answer
 from encoder_pod.receiver.client import EncoderClient, PartPlan, plan_affinity_parts, plan_parts
 from encoder_pod.receiver.errors import (
     DispatchError,
@@ -62,6 +66,7 @@ __all__ = [
     "WaitTimeout",
     "affinity_key",
     "choose",
+    "decode_answer",
     "plan_affinity_parts",
     "plan_parts",
 ]

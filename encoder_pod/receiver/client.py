@@ -25,8 +25,13 @@ import httpx
 from encoder_pod import json_limits
 from encoder_pod.modality import Modality
 from encoder_pod.rendezvous import affinity_key, choose, item_source
+from encoder_pod.receiver.answers import ACCEPT, decode_answer
+from encoder_pod.receiver.assembly import ReceivedEmbedding, merge_parts
 from encoder_pod.receiver.errors import DispatchError
 from encoder_pod.receiver.wire import PART_SUFFIX
+
+OFFLOAD_BYTES = 1 << 20
+"""Inline answers larger than this are decoded on a thread."""
 
 
 @dataclass(frozen=True)
@@ -169,10 +174,10 @@ class EncoderClient:
         self._own_http = http is None
         self._http = http or httpx.AsyncClient(timeout=timeout)
 
-    async def _post(self, plan: PartPlan, path: str, body: dict[str, Any]) -> None:
+    async def _post(self, plan: PartPlan, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> httpx.Response:
         url = f"{plan.encoder_url}{path}"
         try:
-            response = await self._http.post(url, json=body)
+            response = await self._http.post(url, json=body, headers=headers)
         except httpx.HTTPError as exc:
             raise DispatchError(
                 f"{url} unreachable for {plan.req_id!r}: {type(exc).__name__}: {exc}", req_id=plan.req_id, status=502, encoder_url=plan.encoder_url
@@ -184,6 +189,7 @@ class EncoderClient:
                 status=response.status_code,
                 encoder_url=plan.encoder_url,
             )
+        return response
 
     async def dispatch(
         self,
@@ -203,10 +209,7 @@ class EncoderClient:
         Waits for every call; raises the first :class:`DispatchError`. With :attr:`affinity`, ``rng``
         is not used (the assignment is the rendezvous rule's).
         """
-        if self.affinity:
-            plans = plan_affinity_parts(request_id, items, self.encoder_urls)
-        else:
-            plans = plan_parts(request_id, items, self.encoder_urls, rng=rng)
+        plans = self._plan(request_id, items, rng)
         calls = [self._post(p, "/encode", p.body(prefill_host, embedding_port)) for p in plans]
         for plan in plans:
             for url in receive_urls:
@@ -217,6 +220,36 @@ class EncoderClient:
             if isinstance(result, BaseException):
                 raise result
         return plans
+
+    def _plan(self, request_id: str, items: Sequence[tuple[Modality | str, Any]], rng: random.Random | None) -> list[PartPlan]:
+        if self.affinity:
+            return plan_affinity_parts(request_id, items, self.encoder_urls)
+        return plan_parts(request_id, items, self.encoder_urls, rng=rng)
+
+    async def encode(
+        self,
+        request_id: str,
+        items: Sequence[tuple[Modality | str, Any]],
+        *,
+        answer: str = "binary",
+        rng: random.Random | None = None,
+    ) -> ReceivedEmbedding:
+        """Encode ``items`` with the embedding in the answers (no receiver socket): parts as for
+        :meth:`dispatch`, each answered inline as ``answer`` asks (``binary``: the wire format,
+        ``msgpack``, or ``json``), decoded as strictly as a push and merged in part order.
+        Raises :class:`DispatchError` for a part the encoder refused, a ``MalformedMessage`` for an
+        answer that cannot be read."""
+        headers = {"accept": ACCEPT[answer]}
+        plans = self._plan(request_id, items, rng)
+        responses = await asyncio.gather(*[self._post(p, "/encode", p.body(None, None), headers) for p in plans])
+        parts = []
+        for response in responses:
+            content_type, body = response.headers.get("content-type"), response.content
+            if len(body) > OFFLOAD_BYTES:  # the caller's loop stays free while a large answer is decoded
+                parts.append(await asyncio.to_thread(decode_answer, content_type, body))
+            else:
+                parts.append(decode_answer(content_type, body))
+        return merge_parts(request_id, parts)
 
     async def aclose(self) -> None:
         """Close the HTTP client if this object created it."""

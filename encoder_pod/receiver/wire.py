@@ -10,6 +10,7 @@ with a byte-level example; this module is both its writer and its strict reader.
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -33,6 +34,10 @@ MAX_ITEMS = 65_536
 MAX_ERROR_MSG_LEN = 65_536
 PART_SUFFIX = "_local_part_"
 """SGLang's convention: part ``k`` of request ``rid`` is posted as ``<rid>_local_part_<k>``."""
+
+BODY_PREFIX = struct.Struct(">I")
+"""An HTTP body in this format (``/encode`` answering ``Accept: application/octet-stream``) is
+frame 0's length as a 4-byte big-endian unsigned integer, frame 0, then frame 1."""
 
 _COMMON = {"v", "kind", "req_id", "num_parts", "part_idx", "modality", "send_time"}
 _OPTIONAL = {"encoder_idx"}
@@ -253,9 +258,28 @@ def _decode_error(raw: dict[str, Any], fields: dict[str, Any]) -> WireHeader:
 
 def decode_header(frame: Any) -> WireHeader:
     """Frame 0 -> :class:`WireHeader`; raises :class:`MalformedMessage` (or a subclass) on anything off."""
-    raw = _load_map(_frame_bytes(frame))
+    return decode_fields(_load_map(_frame_bytes(frame)))
+
+
+def decode_fields(raw: dict[str, Any]) -> WireHeader:
+    """A header map decoded by some other means (an inline answer's fields) -> :class:`WireHeader`, checked as frame 0 is."""
     kind, fields = _decode_common(raw)
     return _decode_part(raw, fields) if kind == KIND_PART else _decode_error(raw, fields)
+
+
+def split_body(body: Any) -> list[memoryview]:
+    """An HTTP body of this format -> its frames (views, no copy), for :func:`decode_message`."""
+    view = _frame_bytes(body)
+    if len(view) < BODY_PREFIX.size:
+        raise MalformedMessage(f"body of {len(view)} bytes has no frame-0 length")
+    (size,) = BODY_PREFIX.unpack_from(view)
+    if size > MAX_HEADER_BYTES or BODY_PREFIX.size + size > len(view):
+        raise MalformedMessage(f"frame-0 length {size} does not fit a body of {len(view)} bytes")
+    start = BODY_PREFIX.size + size
+    frames = [view[BODY_PREFIX.size : start]]
+    if start < len(view):
+        frames.append(view[start:])
+    return frames
 
 
 def decode_message(frames: Sequence[Any]) -> tuple[WireHeader, memoryview | None]:

@@ -7,7 +7,6 @@ from typing import Any
 
 from encoder_pod.errors import EncoderError, InvalidRequest
 from encoder_pod.models.base import EncodedPart
-from encoder_pod.offload import Offload
 from encoder_pod.protocol import EncodeRequest
 from encoder_pod.transfer.inline import InlineAnswer
 
@@ -35,13 +34,10 @@ class Transfer(ABC):
 
 
 class InlineTransfer(Transfer):
-    """The ``inline`` backend: the embedding comes back in the response, built on a thread of ``offload``."""
+    """The ``inline`` backend: the embedding comes back in the response (rendered by the HTTP edge)."""
 
     name = "inline"
 
-    def __init__(self, offload: Offload) -> None:
-        self._offload = offload
-
     async def deliver(self, request: EncodeRequest, part: EncodedPart) -> InlineAnswer:
-        """The answer carrying the embedding (:class:`~encoder_pod.transfer.inline.InlineAnswer`)."""
-        return await self._offload.run(InlineAnswer.build, request, part)
+        """The answer carrying the embedding (:class:`~encoder_pod.transfer.inline.InlineAnswer`; no copy, no thread)."""
+        return InlineAnswer.build(request, part)

@@ -24,7 +24,6 @@ from encoder_pod.errors import EncoderError, InvalidRequest, TransferFailed
 from encoder_pod.models.base import EncodedPart
 from encoder_pod.protocol import EncodeRequest
 from encoder_pod.settings import TransferBackend, TransferSettings
-from encoder_pod.offload import Offload
 from encoder_pod.transfer.base import InlineTransfer, Transfer
 from encoder_pod.transfer.mooncake import MooncakeStaging
 from encoder_pod.transfer.mooncake_engine import MooncakeEngine, engine_hostname
@@ -94,12 +93,11 @@ class PulledTransfer(Transfer):
 class TransferRouter:
     """Holds one instance of each backend in use and picks one per request."""
 
-    def __init__(self, settings: TransferSettings, *, max_registrations: int, offload: Offload, bind_host: str = "") -> None:
+    def __init__(self, settings: TransferSettings, *, max_registrations: int, bind_host: str = "") -> None:
         """``max_registrations``: receive URLs and staged mooncake parts held at once (the admission bound);
-        ``offload``: the threads that build inline answers; ``bind_host``: the HTTP bind address (mooncake
-        names the pod by it unless it is a wildcard)."""
+        ``bind_host``: the HTTP bind address (mooncake names the pod by it unless it is a wildcard)."""
         self.backend = settings.transfer_backend
-        self._inline = InlineTransfer(offload)
+        self._inline = InlineTransfer()
         self._zmq: ZmqTransfer | None = None
         self._staging: MooncakeStaging | None = None
         self._pulled: Transfer | None = None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -57,3 +60,30 @@ def test_output_tokens_follow_image_grid(tiny_model):
         assert counts[0] != counts[1]
         for (t, h, w), rows in zip(body["item_grids"], counts):
             assert t * h * w // 4 == rows
+
+
+
+def test_requests_arriving_during_a_forward_share_the_next_batch(tiny_model):
+    """One long request (48 images) occupies the model; four one-image requests arrive one by one
+    during its forward (no MAX_WAIT_MS). They are not each taken as a batch of one as they come
+    (which filled the pipeline with singles): they join one batch formed when the model is about
+    to be free."""
+    images = [png_data_uri(640, 480, seed=s, fmt="JPEG") for s in range(48)]
+    with EncoderServer(tiny_model("clip", "moderate"), env={"ENCODER_MAX_BATCH_SIZE": "8"}) as server:
+        before = server.metric("encoder_preprocess_seconds_count")
+        with ThreadPoolExecutor(5) as pool:
+            long = pool.submit(encode, server.base_url, "long", images)
+            deadline = time.monotonic() + 120
+            while server.metric("encoder_preprocess_seconds_count") == before:  # its forward starts now
+                assert time.monotonic() < deadline and not long.done(), "the long request never reached the model"
+                time.sleep(0.02)
+            short = []
+            for i in range(4):
+                short.append(pool.submit(encode, server.base_url, f"short-{i}", images[i : i + 1]))
+                time.sleep(0.02)  # one by one: an eager hand-off would take each alone
+            answers = [long.result(), *(f.result() for f in short)]
+        assert [r.status_code for r in answers] == [200] * 5, [r.text for r in answers]
+        batches = server.metric("encoder_batch_size_count")
+        at_most_two = server.metric("encoder_batch_size_bucket", 'le="2.0"')
+        assert server.metric("encoder_batch_size_sum") == 5
+    assert batches - at_most_two >= 1, f"the four short requests ran in {batches - 1:.0f} batches, none of 3 or more"

@@ -42,7 +42,7 @@ def media(modality: Modality, seed: int) -> str:
 def rows(answer: InlineAnswer | None) -> tuple[bytes, list[Any], list[Any], dict[str, Any]]:
     """An inline answer's raw embedding bytes, shape, token counts and everything else."""
     assert answer is not None
-    body = json.loads(b"".join(bytes(piece) for piece in answer.render()))
+    body = json.loads(b"".join(bytes(piece) for piece in answer.render_json()))
     embedding = body.pop("embedding")
     return base64.b64decode(embedding["data"]), embedding["shape"], body.pop("item_token_counts"), body
 

@@ -3,7 +3,8 @@
 The data-parallel worker hosts the :class:`EncoderRuntime` and its batcher as usual; the only
 difference is its adapter loader (:meth:`TensorParallelGroup.load_adapter`), which returns a
 :class:`TensorParallelAdapter`. Preprocessing (validation included) runs on rank 0 only, on the
-batcher's preprocess thread, so a malformed request fails there and never reaches a follower.
+batcher's preprocess thread (or its model thread, before the forward, when the model was idle), so
+a malformed request fails there and never reaches a follower.
 ``forward`` then, under one lock, broadcasts a header and the input tensors and runs the sharded
 forward: the lock makes dispatch order equal collective launch order on every rank. Warmup and
 the health encode go through the batcher, hence through this same path. So does profiling:

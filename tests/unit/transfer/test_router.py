@@ -10,7 +10,6 @@ from encoder_pod.errors import InvalidRequest
 from encoder_pod.modality import Modality
 from encoder_pod.protocol import EncodeRequest, ItemSpec
 from encoder_pod.settings import load_settings
-from encoder_pod.offload import Offload
 from encoder_pod.transfer.base import InlineTransfer
 from encoder_pod.transfer.router import MooncakeTransfer, PulledTransfer, TransferRouter
 from encoder_pod.transfer.zmq_push import ZmqTransfer
@@ -20,7 +19,7 @@ pytestmark = pytest.mark.unit
 
 def _router(backend: str) -> TransferRouter:
     settings = load_settings(env={"ENCODER_TRANSFER_BACKEND": backend}).transfer
-    return TransferRouter(settings, max_registrations=8, offload=Offload(1))
+    return TransferRouter(settings, max_registrations=8)
 
 
 def _request(host: str | None = "10.0.0.2", port: int | tuple[int, ...] | None = None) -> EncodeRequest:

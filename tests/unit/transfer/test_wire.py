@@ -12,7 +12,7 @@ import pytest
 from encoder_pod.errors import ErrorKind
 from encoder_pod.modality import Modality
 from encoder_pod.receiver.errors import MalformedMessage, PayloadMismatch, UnsupportedVersion
-from encoder_pod.receiver.wire import decode_message, pack_error_header, pack_part_header
+from encoder_pod.receiver.wire import decode_message, pack_error_header, pack_part_header, split_body
 
 pytestmark = pytest.mark.unit
 
@@ -122,3 +122,15 @@ def test_request_id_strips_only_the_matching_part_suffix():
     assert header("a_local_part_2", 2).request_id == "a"
     assert header("a_local_part_2", 1).request_id == "a_local_part_2"
     assert header("plain", 0).request_id == "plain"
+
+
+def test_documented_http_body_is_the_two_frames_behind_a_length():
+    header, payload = _doc_bytes("part-header"), _doc_bytes("part-payload")
+    body = b"\x00\x00\x00\x91" + header + payload
+    assert len(header) == 0x91
+    frames = split_body(body)
+    assert [bytes(f) for f in frames] == [header, payload]
+    assert decode_message(frames)[0].req_id == "r1_local_part_0"
+    for bad in (b"\x00\x00", b"\x00\x00\x01\x00" + header, b"\x00\x10\x00\x01" + b"x" * 1_048_577):
+        with pytest.raises(MalformedMessage, match="frame-0 length"):
+            split_body(bad)
