@@ -45,7 +45,7 @@ ACCEPT = {"json": None, "binary": "application/octet-stream"}
 class Ceiling:
     """The model in this process, on a thread of its own, running fixed batches back to back."""
 
-    def __init__(self, model: Path, device: str) -> None:
+    def __init__(self, model: Path, device: str, max_batch: int = MAX_BATCH) -> None:
         from encoder_pod.models.registry import load_adapter
         from encoder_pod.settings import load_settings
 
@@ -54,6 +54,7 @@ class Ceiling:
         self._adapter.warmup()
         self._raw = [base64.b64decode(jpeg_uri(seed=i).split(",", 1)[1]) for i in range(8)]
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="ceiling-model")
+        self._max_batch = max_batch
 
     def _one_batch(self, start: int, batch: int) -> None:
         from encoder_pod.media.images import decode_image
@@ -67,7 +68,7 @@ class Ceiling:
         self._adapter.postprocess(self._adapter.forward(prepared), prepared)
 
     def _run(self, concurrency: int, images: int) -> dict[str, Any]:
-        batch = min(concurrency, MAX_BATCH)
+        batch = min(concurrency, self._max_batch)
         self._one_batch(0, batch)
         latencies: list[float] = []
         begin = time.perf_counter()
@@ -84,6 +85,11 @@ class Ceiling:
     def run(self, concurrency: int, images: int) -> dict[str, Any]:
         """Throughput with batches of min(concurrency, MAX_BATCH) images; p50 is per batch."""
         return self._thread.submit(self._run, concurrency, images).result()
+
+
+def ceiling(model: Path, concurrency: int, images: int, max_batch: int, device: str) -> dict[str, Any]:
+    """In-process throughput with batches of min(concurrency, max_batch) images (a :class:`Ceiling` run)."""
+    return Ceiling(model, device, max_batch).run(concurrency, images)
 
 
 def _body_for(mode: str, uris: list[str], prefix: str, port: int | None) -> Callable[[int], dict[str, Any]]:
@@ -147,12 +153,12 @@ def summarize(runs: dict[str, dict[int, list[dict[str, Any]]]]) -> dict[str, Any
     for side, levels in runs.items():
         if side == "ceiling":
             continue
-        paired = list(zip(levels.get(1, []), ceiling[1]))
+        paired = list(zip(levels.get(1, []), ceiling.get(1, [])))
         if paired:
             overhead = [s["p50_ms"] - c["p50_ms"] for s, c in paired]
             goals[f"{side}_p50_overhead_ms_c1"] = {"median": statistics.median(overhead), "min": min(overhead), "max": max(overhead)}
         for c in (4, 16, 64):
-            ratios = [s["images_per_s"] / q["images_per_s"] for s, q in zip(levels.get(c, []), ceiling[c])]
+            ratios = [s["images_per_s"] / q["images_per_s"] for s, q in zip(levels.get(c, []), ceiling.get(c, []))]
             if ratios:
                 goals[f"{side}_throughput_ratio_c{c}"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
     return {"table": table, "goals": goals}
@@ -178,6 +184,8 @@ def plot(data: dict[str, Any], path: Path) -> None:
     meds = [goals[f"{s}_p50_overhead_ms_c1"]["median"] for s in sides]
     lows = [m - goals[f"{s}_p50_overhead_ms_c1"]["min"] for s, m in zip(sides, meds)]
     highs = [goals[f"{s}_p50_overhead_ms_c1"]["max"] - m for s, m in zip(sides, meds)]
+    if not sides:  # no concurrency-1 runs
+        b.set_visible(False)
     b.bar(sides, meds, yerr=[lows, highs], capsize=4)
     b.set(ylabel="ms", title="p50 at concurrency 1 minus the in-process encode")
     b.tick_params(axis="x", labelrotation=20)
@@ -195,14 +203,27 @@ def main() -> None:
     parser.add_argument("--min-requests", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--modes", default="json,binary,push")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
+    parser.add_argument("--out", default=None, help="results name (default core_<device>)")
     parser.add_argument("--baseline-tree", type=Path, default=None, help="source tree of the code to compare against")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of the servers and the ceiling (default 1 on cpu, 0 = torch's default): "
+                             "on a shared 2-core machine a 2-thread OpenMP pool stalls whenever another job holds a core")
     args = parser.parse_args()
     from tests.support.server import EncoderServer
 
+    if args.threads is None:
+        args.threads = 1 if args.device == "cpu" else 0
     model = checkpoint(args.arch)
     uris = [jpeg_uri(seed=i) for i in range(8)]
     env = {"ENCODER_MAX_BATCH_SIZE": str(MAX_BATCH), "ENCODER_DEVICE": args.device, "ENCODER_MAX_QUEUE": "4096",
            "ENCODER_WIRE_FORMAT": "encoderpool"}
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)  # the ceiling runs in this process
+        env.update({"ENCODER_NUM_THREADS": str(args.threads), "OMP_NUM_THREADS": str(args.threads),
+                    "MKL_NUM_THREADS": str(args.threads)})
     servers = {"server": (EncoderServer(model, env=env), args.modes.split(","))}
     if args.baseline_tree is not None:
         # PYTHONSAFEPATH: the working directory (this tree) must not come before the baseline on sys.path.
@@ -217,7 +238,7 @@ def main() -> None:
             for mode in modes:
                 server_run(server, mode, uris, 4, 16)  # warm-up
         for r in range(args.rounds):
-            for c in CONCURRENCY:
+            for c in args.concurrency:
                 total = max(args.min_requests, c * args.requests_per_client)
                 res = ceiling.run(c, total)
                 res["loadavg_1m"] = os.getloadavg()[0]
@@ -236,11 +257,12 @@ def main() -> None:
         for server, _ in servers.values():
             server.stop()
     data: dict[str, Any] = {"model": f"{args.arch}-moderate", "device": args.device, "machine": machine(),
-                            "max_batch_size": MAX_BATCH, "rounds": args.rounds, "runs": runs}
+                            "max_batch_size": MAX_BATCH, "torch_threads": args.threads or "default",
+                            "rounds": args.rounds, "runs": runs}
     data["summary"] = summarize(runs)
     for key, value in data["summary"]["goals"].items():
         print(f"{key}: {value['median']:.2f} ({value['min']:.2f} .. {value['max']:.2f})")
-    name = f"core_{args.device}"
+    name = args.out or f"core_{args.device}"
     write_json(name, data)
     plot(data, Path(__file__).resolve().parent / "results" / f"{name}.png")
 
