@@ -19,6 +19,7 @@ import msgpack
 import orjson
 import torch
 
+from encoder_pod import json_limits
 from encoder_pod.receiver.errors import MalformedMessage, PayloadMismatch
 from encoder_pod.receiver.wire import KIND_PART, MAX_HEADER_BYTES, WIRE_VERSION, WireHeader, decode_fields, decode_message, split_body
 
@@ -63,8 +64,9 @@ def _header(body: Any, data_key: str) -> tuple[WireHeader, Any]:
 
 def _json_answer(body: bytes) -> tuple[WireHeader, bytes]:
     try:
-        value = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
+        # Bounded nesting (json_limits); orjson for the common case that cannot nest too deep.
+        value = json_limits.loads(body) if json_limits.may_nest_deeper(body) else orjson.loads(body)
+    except ValueError as exc:  # orjson's and the standard library's decode errors, JsonTooDeep
         raise MalformedMessage(f"answer is not JSON ({exc})") from None
     header, data = _header(value, "data")
     if value["embedding"].get("encoding") != "base64" or not isinstance(data, str):

@@ -144,6 +144,8 @@ def test_answers_that_do_not_add_up_are_refused_typed():
         decode_answer(JSON, b'{"status": "error", "message": "x", "req_id": null}')
     with pytest.raises(MalformedMessage, match="not msgpack"):
         decode_answer(MSGPACK, b"\xc1")
+    with pytest.raises(MalformedMessage, match="deeper than"):
+        decode_answer(JSON, b"[" * 100_000)
 
 
 def test_the_wire_round_trip_keeps_the_frame_uncopied():
