@@ -32,6 +32,7 @@ from encoder_pod.errors import (
     RequestTimeout,
     ShuttingDown,
 )
+from encoder_pod.allocator import tune_host_allocator
 from encoder_pod.media.decode import decode_item
 from encoder_pod.media.sources import MediaSources
 from encoder_pod.metrics import ReplicaMetrics
@@ -101,6 +102,7 @@ class EncoderRuntime:
     async def _load(self) -> None:
         started = time.perf_counter()
         try:
+            tune_host_allocator(self.settings.model.malloc_tuning)
             if self.settings.model.num_threads:
                 import torch
 

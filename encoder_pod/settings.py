@@ -155,6 +155,8 @@ class ModelSettings(SettingsGroup):
     """Weights and activations dtype; auto is bf16 on GPU, fp32 on CPU."""
     num_threads: int = Field(0, ge=0, le=1024)
     """torch intra-op threads per worker on CPU (0 = torch default)."""
+    malloc_tuning: bool = True
+    """Pin glibc malloc's mmap (64 MiB) and trim (256 MiB) thresholds so batches stop page-faulting (RSS stays near its peak)."""
     image_processor_use_gpu: bool = False
     """Run the image processor on the GPU (fast processors only)."""
 

@@ -87,9 +87,11 @@ class Follower:
         # torch and the model stack load here, after the leader watch is up (they take seconds).
         import torch
 
+        from encoder_pod.allocator import tune_host_allocator
         from encoder_pod.models.base import PreparedBatch
         from encoder_pod.parallel.tensor.member import is_collective_failure, join, leave, open_store
 
+        tune_host_allocator(self.settings.model.malloc_tuning)
         if self.settings.model.num_threads:
             torch.set_num_threads(self.settings.model.num_threads)
         store = open_store(self.spec.rank, self.spec.tp_size, self.spec.store_port)
