@@ -32,10 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-import httpx
-
 from bench.common import checkpoint, jpeg_uri, machine, summary, write_json
-from bench.loadgen import run_load
+from bench.loadgen import Answer, run_load
 
 CONCURRENCY = (1, 4, 16, 64)
 MAX_BATCH = 8
@@ -46,8 +44,11 @@ class Ceiling:
     """The model in this process, on a thread of its own, running fixed batches back to back."""
 
     def __init__(self, model: Path, device: str, max_batch: int = MAX_BATCH) -> None:
+        from encoder_pod.allocator import tune_host_allocator
         from encoder_pod.models.registry import load_adapter
         from encoder_pod.settings import load_settings
+
+        tune_host_allocator()  # as every server process does: the same allocator on both sides
 
         self._adapter = load_adapter(load_settings(env={"ENCODER_MODEL_PATH": str(model), "ENCODER_DEVICE": device}).model)
         # As the server does before serving; without it, forwards here ran up to 10x slower under load.
@@ -108,13 +109,13 @@ async def _server_run(base_url: str, mode: str, uris: list[str], concurrency: in
     prefix = f"{mode}-{time.monotonic_ns()}"
     if mode == "push":
         async with AsyncEmbeddingReceiver("127.0.0.1", 0) as rx:
-            async def received(n: int, resp: httpx.Response) -> None:
+            async def received(n: int, answer: Answer) -> None:
                 (await rx.wait(f"{prefix}-{n}", timeout=120)).embedding()
 
             return await run_load(base_url, _body_for(mode, uris, prefix, rx.port), concurrency, total, finish=received)
 
-    async def decoded(n: int, resp: httpx.Response) -> None:
-        decode_answer(resp.headers.get("content-type"), resp.content)
+    async def decoded(n: int, answer: Answer) -> None:
+        decode_answer(answer.content_type, answer.body)
 
     accept = ACCEPT[mode]
     return await run_load(
