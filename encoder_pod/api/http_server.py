@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 CONTROL_BODY_LIMIT = 64 * 1024
 """Largest body of the small control endpoints (registration, profiling)."""
+CONTROL_LIMIT_NAME = "the 64 KiB limit of control routes, not a setting"
+"""How a control route's 413 names its limit."""
 
 STOP_GRACE_S = 2.0
 """After the drain: how long forwards still running (their callers already answered) may take."""
@@ -43,25 +45,35 @@ def error_body(message: str, req_id: str | None) -> dict[str, Any]:
     return {"status": "error", "message": message, "req_id": req_id}
 
 
-async def _read_body(request: Request, limit: int, offload: Offload) -> Any:
-    """The body's JSON value; a large one is parsed on an offload thread (the loop stays free)."""
+async def _read_bytes(request: Request, limit: int, limit_name: str) -> list[bytes]:
+    """The body's chunks, refused with a 413 naming ``limit_name`` as soon as it is over ``limit``."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"body is {declared} bytes, above the limit of {limit} (ENCODER_MAX_REQUEST_BYTES)")
+        raise PayloadTooLarge(f"body is {declared} bytes, above the limit of {limit} ({limit_name})")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"body is over the limit of {limit} bytes (ENCODER_MAX_REQUEST_BYTES)")
+            raise PayloadTooLarge(f"body is over the limit of {limit} bytes ({limit_name})")
         chunks.append(chunk)
+    return chunks
+
+
+async def _parse(chunks: list[bytes], offload: Offload) -> Any:
+    """The JSON value of a body read by :func:`_read_bytes`; a large one is parsed on an offload thread."""
     try:
-        if size <= SMALL_BODY and not may_nest_deeper(data := b"".join(chunks)):
+        if sum(map(len, chunks)) <= SMALL_BODY and not may_nest_deeper(data := b"".join(chunks)):
             return json.loads(data)
         return await offload.run(parse_large, chunks)  # depth-counting; off the loop
     except JsonTooDeep as exc:
         raise InvalidRequest(f"body is refused: {exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"body is not valid JSON ({exc})") from None
+
+
+async def _read_body(request: Request, limit: int, offload: Offload) -> Any:
+    """An /encode body's JSON value (the loop stays free); over ``MAX_REQUEST_BYTES`` is a 413."""
+    return await _parse(await _read_bytes(request, limit, "ENCODER_MAX_REQUEST_BYTES"), offload)
 
 
 async def _discard_body(request: Request, limit: int) -> None:
@@ -75,9 +87,10 @@ async def _discard_body(request: Request, limit: int) -> None:
 
 async def _read_object(request: Request, limit: int, offload: Offload, empty_ok: bool = False) -> dict[str, Any]:
     """A JSON object body (small control endpoints); an empty body is ``{}`` when ``empty_ok``."""
-    if empty_ok and not (await request.body()).strip():
+    chunks = await _read_bytes(request, limit, CONTROL_LIMIT_NAME)
+    if empty_ok and not b"".join(chunks).strip():
         return {}
-    payload = await _read_body(request, limit, offload)
+    payload = await _parse(chunks, offload)
     if not isinstance(payload, dict):
         raise InvalidRequest("body must be a JSON object")
     return payload

@@ -105,6 +105,16 @@ def test_oversized_body_is_413(server):
     assert "ENCODER_MAX_REQUEST_BYTES" in resp.json()["message"]
 
 
+@pytest.mark.parametrize("route", ["/scheduler_receive_url", "/start_profile"])
+def test_oversized_control_body_is_413_naming_the_control_limit(server, route):
+    """Control routes have a fixed 64 KiB limit: the 413 names it, not MAX_REQUEST_BYTES (which is
+    2 MiB here, so a 1 MiB body would pass it), and an empty-body-allowed route is bounded too."""
+    resp = httpx.post(server.base_url + route, content=b" " * (1024 * 1024), timeout=10)
+    assert resp.status_code == 413, resp.text
+    message = resp.json()["message"]
+    assert "64 KiB limit of control routes" in message and "MAX_REQUEST_BYTES" not in message
+
+
 def test_not_json_is_400(server):
     resp = httpx.post(server.base_url + "/encode", content=b"{not json", timeout=10)
     assert resp.status_code == 400
