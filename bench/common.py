@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import os
 import platform
@@ -13,10 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
+
+from tests.support.server import jpeg_uri  # the benches' test image, shared with the e2e load
 
 CACHE = Path(os.environ.get("ENCODERPOOL_CACHE", Path.home() / ".cache" / "encoderpool"))
 RESULTS = Path(__file__).resolve().parent / "results"
+
+__all__ = ["CACHE", "RESULTS", "checkpoint", "jpeg_uri", "machine", "percentile", "summary", "write_json"]
 
 
 def checkpoint(arch: str, preset: str = "moderate") -> Path:
@@ -27,17 +28,6 @@ def checkpoint(arch: str, preset: str = "moderate") -> Path:
     if not (out / "config.json").is_file():
         make_tiny_model(arch, out, preset=preset)
     return out
-
-
-def jpeg_uri(width: int = 640, height: int = 480, seed: int = 0) -> str:
-    """A photo-like JPEG (smooth gradients plus mild noise) as a data: URI."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width]
-    base = np.stack([(x * 255 // width), (y * 255 // height), ((x + y) * 127 // (width + height))], -1)
-    arr = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="JPEG", quality=85)
-    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -1,7 +1,7 @@
 """Continuous /encode load against a pool's headless Service, the way a router uses it.
 
-``photo(width, height)`` makes a photo-like JPEG item; requests of several large items keep a
-tiny CPU model busy for a noticeable time, so a pod holds queued work when it is stopped.
+``tests.support.server.jpeg_uri`` makes a photo-like JPEG item; requests of several large items
+keep a tiny CPU model busy for a noticeable time, so a pod holds queued work when it is stopped.
 
 Each worker thread sends one request at a time to the next ready address of the Service's
 EndpointSlices (re-read every 100 ms by a thread of its own, as a router watching them would).
@@ -65,23 +65,6 @@ def is_draining_refusal(response: httpx.Response) -> bool:
     except ValueError:
         return False
     return "drain" in message.lower()
-
-
-def photo(width: int = 512, height: int = 512, seed: int = 0) -> str:
-    """A photo-like JPEG (gradients plus noise) as a data: URI."""
-    import base64
-    import io
-
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width]
-    base = np.stack([(x * 255 // width), (y * 255 // height), ((x + y) * 127 // (width + height))], -1)
-    arr = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(arr).save(out, format="JPEG", quality=85)
-    return "data:image/jpeg;base64," + base64.b64encode(out.getvalue()).decode()
 
 
 class ServiceLoad:

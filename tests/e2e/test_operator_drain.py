@@ -26,7 +26,8 @@ import pytest
 
 from tests.e2e.cluster import Cluster, local_node_placement
 from tests.e2e.cluster.api import wait_for
-from tests.e2e.load import ServiceLoad, photo
+from tests.e2e.load import ServiceLoad
+from tests.support.server import jpeg_uri
 from tests.e2e.pod_features import require, require_livez
 from tests.e2e.pools import Pools, load_example, pool_ready
 
@@ -91,7 +92,7 @@ def test_a_rolling_model_change_and_a_scale_down_under_load_lose_no_request(
     require_livez(f"http://{address}:{port}")
 
     phases: list[str] = []
-    with ServiceLoad(pools, NAME, workers=12, items=[photo(seed=i) for i in range(8)]) as load:
+    with ServiceLoad(pools, NAME, workers=12, items=[jpeg_uri(512, 512, seed=i) for i in range(8)]) as load:
         time.sleep(SETTLE_SECONDS)
         began = time.monotonic()
         old_revision = pools.get(NAME)["status"]["updateRevision"]

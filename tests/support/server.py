@@ -37,6 +37,19 @@ def png_data_uri(width: int, height: int, seed: int = 0, fmt: str = "PNG") -> st
     return f"data:image/{mime};base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+def jpeg_uri(width: int = 640, height: int = 480, seed: int = 0) -> str:
+    """A photo-like JPEG (smooth gradients plus mild noise, so it compresses as photos do) as a data: URI."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([(x * 255 // width), (y * 255 // height), ((x + y) * 127 // (width + height))], -1)
+    arr = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="JPEG", quality=85)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
 class EncoderServer:
     """Starts the real server as a subprocess; stops it (and checks it stopped) on exit."""
 
