@@ -1,12 +1,15 @@
 """``python -m tests.e2e.cluster``: start a local cluster, print how to use it, stop on Ctrl-C.
 
 SIGTERM and SIGHUP are turned into the same orderly stop as Ctrl-C (the reaper would clean up
-anyway, but an orderly stop also removes the temp dir).
+anyway, but an orderly stop also removes the temp dir). Ctrl-C works even when this was started
+with SIGINT ignored (a background job of a non-interactive shell inherits that). SIGUSR1 prints
+every thread's stack to stderr (a stop that seems stuck can be asked where it is).
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import signal
@@ -28,8 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request is noise here
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if inherited as ignored
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _raise_keyboard_interrupt)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         cluster = Cluster(options=ClusterOptions(local_node=not args.no_local_node, keep_workdir=args.keep))
     except MissingBinaries as err:

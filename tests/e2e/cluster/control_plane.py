@@ -207,7 +207,9 @@ class Cluster(ClusterAccess):
         for name in reversed(list(self._procs)):
             # Short grace: the data is thrown away, and kube-apiserver's graceful termination
             # otherwise waits seconds for clients' open watches to go away.
-            self._procs.pop(name).stop(grace=STOP_GRACE_SECONDS)
+            began = time.monotonic()
+            code = self._procs.pop(name).stop(grace=STOP_GRACE_SECONDS)
+            log.info("local cluster: %s stopped in %.1fs (exit %s)", name, time.monotonic() - began, code)
 
     def stop(self) -> None:
         """Stop pods, then components in reverse start order; idempotent."""
@@ -215,15 +217,18 @@ class Cluster(ClusterAccess):
             return
         self._stopped = True
         atexit.unregister(self.stop)
+        began = time.monotonic()
         try:
             if self.local_node is not None:
                 self.local_node.stop()
+                log.info("local cluster: local node's pods stopped in %.1fs", time.monotonic() - began)
         finally:
             self._stop_processes()
             if self.local_node is not None:
                 self.local_node.join()  # its watch ends now that the API server is gone
             if self._reaper is not None:
                 self._reaper.close()
+            log.info("local cluster: stopped in %.1fs", time.monotonic() - began)
             keep = self.options.keep_workdir or os.environ.get("ENCODERPOOL_E2E_KEEP") == "1"
             if keep:
                 log.warning("local cluster: kept logs and data in %s", self.workdir)
