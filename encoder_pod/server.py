@@ -193,7 +193,8 @@ def serve(settings: EncoderSettings, drain_hooks: Sequence[DrainHook] = ()) -> N
         port=settings.server.port,
         log_level=settings.observability.log_level,
         access_log=False,
-        http=limited_protocol(HttpLimits.of(settings.server)),
+        http=limited_protocol(HttpLimits.of(settings.server), settings.server.http_parser),
+        loop=settings.server.event_loop,
         timeout_keep_alive=settings.server.http_keepalive_timeout,
     )
     _Server(config, engine, lifecycle, settings.drain_timeout_s(), drain_hooks, registrar).run()

@@ -205,6 +205,10 @@ class ServerSettings(SettingsGroup):
     """Seconds an idle keep-alive connection stays open after an answer."""
     http_max_connections: int = Field(2048, ge=1, le=1_000_000)
     """Most open HTTP connections; one more is answered 503 + Retry-After and closed."""
+    http_parser: Literal["httptools", "h11"] = "httptools"
+    """HTTP/1.1 parser of the listener: httptools (C, the faster) or h11 (pure Python)."""
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    """Event loop of the HTTP server process: auto is uvloop where it is installed (a dependency on Linux)."""
 
 
 class AdmissionSettings(SettingsGroup):

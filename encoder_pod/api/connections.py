@@ -1,13 +1,17 @@
-"""The HTTP server's own connection limits: header-read time, concurrent connections, keep-alive.
+"""The HTTP server's own connection limits: header-read time, header size, concurrent connections.
 
-uvicorn's h11 protocol starts no timer before its first answer, so a connection that never
-completes its headers stays open forever (one file descriptor each), and it bounds tasks, not
-connections. :class:`LimitedH11Protocol` adds, per connection:
+uvicorn's protocols start no timer before their first answer, so a connection that never
+completes its headers stays open forever (one file descriptor each), and they bound tasks, not
+connections. :func:`limited_protocol` builds the protocol uvicorn runs per connection: its
+httptools protocol (C parser; the default) or its h11 one (``HTTP_PARSER=h11``), plus, per
+connection:
 
 - ``HTTP_HEADER_TIMEOUT``: from the moment a connection opens, and again from the end of each
   answer, the next request's headers must be complete within this many seconds (a slow drip of
   bytes does not restart the clock), or the connection is closed without an answer (there is no
-  request to answer). Headers are bounded in size by h11 (16 KiB, else 400).
+  request to answer).
+- Header size: at most :data:`MAX_HEADER_BYTES` of a request's head (h11 enforces the same bound
+  itself, with a 400); beyond, a 431 and the connection is closed.
 - ``HTTP_MAX_CONNECTIONS``: a connection beyond this many open ones is answered at once with a
   503 (``Retry-After: 1``, ``Connection: close``), its write side is shut, and it is closed once
   the client closes or after :data:`REFUSAL_LINGER_S`; what the client sends meanwhile is read
@@ -22,12 +26,20 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, cast
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from encoder_pod.settings import ServerSettings
+
+try:  # a dependency; the h11 protocol stays usable without it
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # pragma: no cover - httptools missing
+    HttpToolsProtocol = None  # type: ignore[assignment,misc]
+
+MAX_HEADER_BYTES = 16 * 1024
+"""Largest request head (request line and headers) a connection may send: h11's own bound."""
 
 REFUSAL_LINGER_S = 1.0
 """How long a refused connection stays open for its client to read the 503."""
@@ -61,47 +73,56 @@ class HttpLimits:
         return head.encode() + body
 
 
-def limited_protocol(limits: HttpLimits) -> type[H11Protocol]:
-    """The protocol class uvicorn builds per connection (``uvicorn.Config(http=...)``), bound to ``limits``."""
+def limited_protocol(limits: HttpLimits, parser: Literal["httptools", "h11"] = "httptools") -> type[asyncio.Protocol]:
+    """The protocol class uvicorn builds per connection (``uvicorn.Config(http=...)``), bound to ``limits``.
 
-    class EncoderHttpProtocol(LimitedH11Protocol):
-        LIMITS = limits
+    ``httptools`` falls back to ``h11`` when the httptools package is missing."""
+    base: type[asyncio.Protocol] = (
+        LimitedHttpToolsProtocol if parser == "httptools" and HttpToolsProtocol is not None else LimitedH11Protocol
+    )
+    return type("EncoderHttpProtocol", (base,), {"LIMITS": limits})
 
-    return EncoderHttpProtocol
 
+class _ConnectionLimits:
+    """The limits of the module docstring, over one of uvicorn's HTTP protocols (a mixin: it comes first).
 
-class LimitedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a header deadline and a bound on open connections."""
+    The protocol below says when the client owes a request's head (:meth:`_owes_headers`)."""
 
     LIMITS: ClassVar[HttpLimits]
+    connections: set[Any]
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_deadline: asyncio.TimerHandle | None = None
         self._refused: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def _owes_headers(self) -> bool:
+        raise NotImplementedError
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Refuse a connection over the limit; otherwise start its header clock."""
         if len(self.connections) >= self.LIMITS.max_connections:
-            self.transport = transport
-            transport.write(self.LIMITS.refusal())
-            if transport.can_write_eof():
-                transport.write_eof()
-            self._refused = self.loop.call_later(REFUSAL_LINGER_S, transport.close)
+            self.transport = stream = cast(asyncio.Transport, transport)
+            stream.write(self.LIMITS.refusal())
+            if stream.can_write_eof():
+                stream.write_eof()
+            self._refused = self.loop.call_later(REFUSAL_LINGER_S, stream.close)
             return
-        super().connection_made(transport)
+        super().connection_made(transport)  # type: ignore[misc]
         self._watch_headers()
 
     def data_received(self, data: bytes) -> None:
         """Parse as uvicorn does (a refused connection's bytes are dropped), then follow the header clock."""
         if self._refused is not None:
             return
-        super().data_received(data)
+        super().data_received(data)  # type: ignore[misc]
         self._watch_headers()
 
     def on_response_complete(self) -> None:
         """After an answer the next request's headers get a fresh clock (unless they are already in)."""
-        super().on_response_complete()
+        super().on_response_complete()  # type: ignore[misc]
         self._watch_headers()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -111,11 +132,11 @@ class LimitedH11Protocol(H11Protocol):
             self._refused.cancel()
             self.transport.close()
             return
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
 
     def _watch_headers(self) -> None:
-        """The clock runs while the client owes a request's headers (h11: IDLE), and only then."""
-        if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
+        """The clock runs while the client owes a request's headers, and only then."""
+        if not self._owes_headers() or self.transport.is_closing():
             self._stop_header_clock()
         elif self._header_deadline is None:
             self._header_deadline = self.loop.call_later(self.LIMITS.header_timeout, self._headers_too_slow)
@@ -127,5 +148,66 @@ class LimitedH11Protocol(H11Protocol):
 
     def _headers_too_slow(self) -> None:
         self._header_deadline = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+        if self._owes_headers() and not self.transport.is_closing():
+            self.transport.close()
+
+
+class LimitedH11Protocol(_ConnectionLimits, H11Protocol):
+    """uvicorn's h11 protocol with the limits (h11 bounds the head's size itself)."""
+
+    def _owes_headers(self) -> bool:
+        return self.conn.their_state is h11.IDLE
+
+
+_HEAD_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    b"content-length: %d\r\n\r\n%s"
+)
+
+if HttpToolsProtocol is not None:
+
+    class LimitedHttpToolsProtocol(_ConnectionLimits, HttpToolsProtocol):
+        """uvicorn's httptools protocol with the limits; the head's size is bounded here."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._awaiting_head = True
+            """True from a connection's start, and from the end of each request, until a request's head is in."""
+            self._head_bytes = 0
+            self._ended_in_chunk = False
+            """A request ended inside the chunk being parsed: its bytes are not all the next head's."""
+
+        def _owes_headers(self) -> bool:
+            return self._awaiting_head and (self.cycle is None or self.cycle.response_complete)
+
+        def data_received(self, data: bytes) -> None:
+            """Parse; while a head stays incomplete, count its bytes against :data:`MAX_HEADER_BYTES`."""
+            if self._refused is not None:
+                return
+            self._ended_in_chunk = False
+            super().data_received(data)
+            if not self._awaiting_head or self._ended_in_chunk or self.transport.is_closing():
+                self._head_bytes = 0  # counting starts again with the next chunk
+                return
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEADER_BYTES:
+                self._refuse_head()
+
+        def on_headers_complete(self) -> None:
+            self._awaiting_head = False
+            self._head_bytes = 0
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._awaiting_head = True
+            self._ended_in_chunk = True
+
+        def _refuse_head(self) -> None:
+            body = json.dumps({
+                "status": "error", "req_id": None,
+                "message": f"request head is over {MAX_HEADER_BYTES} bytes (request line and headers)",
+            }).encode()
+            self._stop_header_clock()
+            self.transport.write(_HEAD_TOO_LARGE % (len(body), body))
             self.transport.close()

@@ -67,9 +67,11 @@ def _closed_by_server(s: socket.socket) -> bool:
 
 
 @pytest.mark.timeout(300)
-def test_connections_that_never_finish_their_headers_are_closed_and_fds_come_back(tiny_model):
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_connections_that_never_finish_their_headers_are_closed_and_fds_come_back(tiny_model, parser):
     header_timeout = 3.0
-    env = {"ENCODER_HTTP_HEADER_TIMEOUT": str(header_timeout), "ENCODER_HTTP_KEEPALIVE_TIMEOUT": "1"}
+    env = {"ENCODER_HTTP_HEADER_TIMEOUT": str(header_timeout), "ENCODER_HTTP_KEEPALIVE_TIMEOUT": "1",
+           "ENCODER_HTTP_PARSER": parser}
     with EncoderServer(tiny_model("qwen2_vl"), env=env) as server:
         pid = server.proc.pid
         time.sleep(1.0)
@@ -103,9 +105,10 @@ def test_connections_that_never_finish_their_headers_are_closed_and_fds_come_bac
 
 
 @pytest.mark.timeout(300)
-def test_connections_beyond_the_limit_get_503_and_fds_stay_bounded(tiny_model):
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_connections_beyond_the_limit_get_503_and_fds_stay_bounded(tiny_model, parser):
     limit = 50
-    env = {"ENCODER_HTTP_MAX_CONNECTIONS": str(limit), "ENCODER_HTTP_HEADER_TIMEOUT": "60"}
+    env = {"ENCODER_HTTP_MAX_CONNECTIONS": str(limit), "ENCODER_HTTP_HEADER_TIMEOUT": "60", "ENCODER_HTTP_PARSER": parser}
     with EncoderServer(tiny_model("qwen2_vl"), env=env) as server:
         pid = server.proc.pid
         time.sleep(1.0)
@@ -133,3 +136,29 @@ def test_connections_beyond_the_limit_get_503_and_fds_stay_bounded(tiny_model):
         assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in head and b"connection: close" in head, answer
         assert b"ENCODER_HTTP_MAX_CONNECTIONS" in body
     assert peak <= baseline + limit + 3
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_oversized_heads_are_refused_and_large_bodies_on_one_connection_are_not(tiny_model, parser):
+    """A request head over 16 KiB gets a 4xx and the connection closes (h11 bounds it itself, the
+    httptools protocol counts it); bodies many times that size, one after another on one
+    keep-alive connection, are not heads and all succeed."""
+    with EncoderServer(tiny_model("qwen2_vl"), env={"ENCODER_HTTP_PARSER": parser}) as server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: encoder\r\n")
+            for _ in range(40):  # 40 KiB of header lines, in pieces, never finished
+                s.sendall(b"X-Filler: " + b"a" * 1000 + b"\r\n")
+            answer = b""
+            while chunk := s.recv(4096):
+                answer += chunk
+        status = int(answer.split(b" ", 2)[1])
+        assert status in (400, 431), answer
+        big = png_data_uri(160, 160)  # a ~100 KB body
+        assert len(big) > 4 * 16 * 1024
+        with httpx.Client(base_url=server.base_url, timeout=60) as client:
+            for i in range(4):
+                resp = client.post("/encode", json={"req_id": f"big-{i}", "modality": "IMAGE", "mm_items": [big]})
+                assert resp.status_code == 200, resp.text
+            assert client.get("/health").status_code == 200
+    print(f"\n{parser}: a 40 KiB head was answered {status} and closed; four 100 KB bodies on one connection: 200")
