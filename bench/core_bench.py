@@ -13,8 +13,9 @@ tensor in the client's hands:
 - ``push``: a prefill-style request, the embedding pushed over ZMQ (``WIRE_FORMAT=encoderpool``)
   to the receiver library in this process; done when both the ``null`` answer and the embedding came.
 
-Every round runs each concurrency level for the ceiling and every server mode back to back, and
-the median round is reported (a noisy neighbour on a shared machine hits all sides alike).
+Every round runs each concurrency level for the ceiling and every server mode back to back, the
+order rotating from one point to the next, and the median round is reported (a noisy neighbour
+on a shared machine hits all sides alike).
 ``--baseline-tree DIR`` adds the same runs against another source tree (the code before a
 change), ``before-json`` and ``before-push``. Run with ``make bench`` (or ``python -m
 bench.core_bench``); writes bench/results/core_<device>.json and .png.
@@ -34,6 +35,7 @@ from typing import Any, Callable
 
 from bench.common import checkpoint, jpeg_uri, machine, summary, write_json
 from bench.loadgen import Answer, run_load
+from bench.peers.rounds import rotated
 
 CONCURRENCY = (1, 4, 16, 64)
 MAX_BATCH = 8
@@ -238,22 +240,27 @@ def main() -> None:
         for name, (server, modes) in servers.items():
             for mode in modes:
                 server_run(server, mode, uris, 4, 16)  # warm-up
+        # Who runs first rotates from one (round, concurrency) point to the next, as in the peer
+        # bench: with a fixed order a drift within a round always hit the same side.
+        sides = ["ceiling", *[(name, mode) for name, (_, modes) in servers.items() for mode in modes]]
         for r in range(args.rounds):
-            for c in args.concurrency:
+            for i, c in enumerate(args.concurrency):
                 total = max(args.min_requests, c * args.requests_per_client)
-                res = ceiling.run(c, total)
-                res["loadavg_1m"] = os.getloadavg()[0]
-                runs["ceiling"].setdefault(c, []).append(res)
-                print(f"round {r} ceiling       c={c:3d} {res['images_per_s']:6.1f} img/s p50 {res['p50_ms']:7.1f} ms "
-                      f"(batch {res['batch']}) load {res['loadavg_1m']:.1f}", flush=True)
-                for name, (server, modes) in servers.items():
-                    for mode in modes:
-                        res = server_run(server, mode, uris, c, total)
+                for side in rotated(sides, r * len(args.concurrency) + i):
+                    if side == "ceiling":
+                        res = ceiling.run(c, total)
                         res["loadavg_1m"] = os.getloadavg()[0]
-                        runs.setdefault(f"{name}-{mode}", {}).setdefault(c, []).append(res)
-                        print(f"round {r} {name + '-' + mode:13s} c={c:3d} {res['images_per_s']:6.1f} img/s p50 "
-                              f"{res['p50_ms']:7.1f} ms p99 {res['p99_ms']:7.1f} ms batch {res['mean_batch']:.2f} "
-                              f"errors {res['errors']} load {res['loadavg_1m']:.1f}", flush=True)
+                        runs["ceiling"].setdefault(c, []).append(res)
+                        print(f"round {r} ceiling       c={c:3d} {res['images_per_s']:6.1f} img/s p50 {res['p50_ms']:7.1f} ms "
+                              f"(batch {res['batch']}) load {res['loadavg_1m']:.1f}", flush=True)
+                        continue
+                    name, mode = side
+                    res = server_run(servers[name][0], mode, uris, c, total)
+                    res["loadavg_1m"] = os.getloadavg()[0]
+                    runs.setdefault(f"{name}-{mode}", {}).setdefault(c, []).append(res)
+                    print(f"round {r} {name + '-' + mode:13s} c={c:3d} {res['images_per_s']:6.1f} img/s p50 "
+                          f"{res['p50_ms']:7.1f} ms p99 {res['p99_ms']:7.1f} ms batch {res['mean_batch']:.2f} "
+                          f"errors {res['errors']} load {res['loadavg_1m']:.1f}", flush=True)
     finally:
         for server, _ in servers.values():
             server.stop()
