@@ -56,22 +56,20 @@ class BoundedDecoder(json.JSONDecoder):
         plain_array: Callable[..., Any] = json.decoder.JSONArray  # type: ignore[attr-defined]
         plain_object: Callable[..., Any] = json.decoder.JSONObject  # type: ignore[attr-defined]
 
-        def parse_array(s_and_end: tuple[str, int], *args: Any) -> Any:
-            self._enter(s_and_end[1] - 1)
-            try:
-                return plain_array(s_and_end, *args)
-            finally:
-                self._depth -= 1
+        def bounded(plain: Callable[..., Any]) -> Callable[..., Any]:
+            """``plain`` (an array or object parser) one nesting level deeper, within the bound."""
 
-        def parse_object(s_and_end: tuple[str, int], *args: Any) -> Any:
-            self._enter(s_and_end[1] - 1)
-            try:
-                return plain_object(s_and_end, *args)
-            finally:
-                self._depth -= 1
+            def parse(s_and_end: tuple[str, int], *args: Any) -> Any:
+                self._enter(s_and_end[1] - 1)
+                try:
+                    return plain(s_and_end, *args)
+                finally:
+                    self._depth -= 1
 
-        self.parse_array = parse_array
-        self.parse_object = parse_object
+            return parse
+
+        self.parse_array = bounded(plain_array)
+        self.parse_object = bounded(plain_object)
         if parse_string is not None:
             self.parse_string = parse_string
         self.scan_once = _py_make_scanner(self)

@@ -59,18 +59,21 @@ class HttpLimits:
 
     def refusal(self) -> bytes:
         """The whole HTTP answer to a connection beyond ``max_connections``."""
-        body = json.dumps(
-            {
-                "status": "error",
-                "message": f"too many open connections ({self.max_connections}, ENCODER_HTTP_MAX_CONNECTIONS); retry later",
-                "req_id": None,
-            }
-        ).encode()
-        head = (
-            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
-            f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
+        return raw_answer(
+            "503 Service Unavailable",
+            f"too many open connections ({self.max_connections}, ENCODER_HTTP_MAX_CONNECTIONS); retry later",
+            "retry-after: 1\r\n",
         )
-        return head.encode() + body
+
+
+def raw_answer(status: str, message: str, extra_headers: str = "") -> bytes:
+    """A whole HTTP answer with the CONTRACT error body, written by the connection itself (no request to answer)."""
+    body = json.dumps({"status": "error", "message": message, "req_id": None}).encode()
+    head = (
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n{extra_headers}"
+        f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
 
 
 def limited_protocol(limits: HttpLimits, parser: Literal["httptools", "h11"] = "httptools") -> type[asyncio.Protocol]:
@@ -159,11 +162,6 @@ class LimitedH11Protocol(_ConnectionLimits, H11Protocol):
         return self.conn.their_state is h11.IDLE
 
 
-_HEAD_TOO_LARGE = (
-    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\nconnection: close\r\n"
-    b"content-length: %d\r\n\r\n%s"
-)
-
 if HttpToolsProtocol is not None:
 
     class LimitedHttpToolsProtocol(_ConnectionLimits, HttpToolsProtocol):
@@ -204,10 +202,8 @@ if HttpToolsProtocol is not None:
             self._ended_in_chunk = True
 
         def _refuse_head(self) -> None:
-            body = json.dumps({
-                "status": "error", "req_id": None,
-                "message": f"request head is over {MAX_HEADER_BYTES} bytes (request line and headers)",
-            }).encode()
             self._stop_header_clock()
-            self.transport.write(_HEAD_TOO_LARGE % (len(body), body))
+            self.transport.write(raw_answer(
+                "431 Request Header Fields Too Large", f"request head is over {MAX_HEADER_BYTES} bytes (request line and headers)"
+            ))
             self.transport.close()
