@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import json.decoder
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -89,6 +89,27 @@ class PiecesResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        for piece in self._pieces:
-            await send({"type": "http.response.body", "body": bytes(piece), "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        last = b""
+        for n, chunk in enumerate(coalesce(self._pieces, SEND_CHUNK)):
+            if n:  # one chunk behind: the last one ends the body in the same message
+                await send({"type": "http.response.body", "body": last, "more_body": True})
+            last = chunk
+        await send({"type": "http.response.body", "body": last, "more_body": False})
+
+
+SEND_CHUNK = 1 << 20
+"""Bytes per body message: fewer messages (each one crosses every ASGI layer), flow control between."""
+
+
+def coalesce(pieces: Sequence[bytes | bytearray | memoryview], size: int) -> Iterator[bytes]:
+    """The pieces' bytes regrouped into chunks of about ``size`` (each copied once, as sending needs)."""
+    group: list[bytes | bytearray | memoryview] = []
+    held = 0
+    for piece in pieces:
+        group.append(piece)
+        held += memoryview(piece).nbytes
+        if held >= size:
+            yield b"".join(group)
+            group, held = [], 0
+    if group:
+        yield b"".join(group)

@@ -8,6 +8,7 @@ import math
 import time
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Callable
 
 from encoder_pod.errors import EncoderError, InternalError, InvalidRequest
 from encoder_pod.modality import Modality
@@ -22,8 +23,10 @@ PROCESSOR_PACKAGES = ("transformers",)
 
 @dataclass(eq=False)
 class PendingEntry:
-    """One admitted, decoded request; its future resolves to its :class:`EncodedPart`.
+    """One admitted request; its future resolves to its :class:`EncodedPart`.
 
+    Its items are decoded before it is submitted, or, submitted to an idle model, by the model
+    thread itself just before its preprocessing (``decode``; see :meth:`BatchScheduler.idle`).
     Its place in admission is the request's :class:`~encoder_pod.batching.admission.Permit`,
     held by whoever awaits the future; the entry itself holds nothing to release.
     """
@@ -34,6 +37,20 @@ class PendingEntry:
     future: asyncio.Future[EncodedPart]
     admitted_at: float
     deadline: float = math.inf
+    decode: Callable[[], list[tuple[MediaItem, int]]] | None = None
+    """Set while the items are still to be decoded: returns (item, output rows) per item."""
+
+    @property
+    def decoded(self) -> bool:
+        """False until the items exist (an entry that is not runs alone, see :attr:`decode`)."""
+        return self.decode is None
+
+    def decode_now(self) -> None:
+        """Decode the items if they are still to be (on the thread that preprocesses them next)."""
+        if self.decode is not None:
+            loaded, self.decode = self.decode(), None
+            self.items = [item for item, _ in loaded]
+            self.item_tokens = [tokens for _, tokens in loaded]
 
     @property
     def modality(self) -> Modality:

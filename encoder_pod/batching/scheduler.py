@@ -11,7 +11,9 @@ puts that moment one preprocessing estimate before the forward in progress shoul
 next batch's preprocessing still overlaps that forward, and every request that arrived until then
 joins it. A forward of unknown length (nothing seen yet) is waited for. An idle model takes the
 next batch at once and preprocesses it on the model thread itself, in the same call as its
-forward: there is nothing to overlap with, and it saves a hand-off between threads.
+forward: there is nothing to overlap with, and it saves a hand-off between threads. For the same
+reason a request that finds the model idle (:attr:`BatchScheduler.idle`) may be submitted with its
+items still to decode: the model thread decodes them too, and the request runs alone.
 
 Failure isolation: when a batched processor call or forward raises, every request of that
 batch is retried alone, so only requests that fail on their own get an error.
@@ -80,12 +82,14 @@ class BatchScheduler:
         self._pre_exec = ThreadPoolExecutor(1, thread_name_prefix="preprocess")
         self.model_exec = ThreadPoolExecutor(1, thread_name_prefix="model")
         self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._running: list[PendingEntry] = []
         """The batch the runner holds (in its forward, or retried one by one)."""
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         """Start the former and runner tasks on the running loop."""
+        self._loop = asyncio.get_running_loop()
         self._tasks = [
             asyncio.create_task(self._form_loop(), name="batch-former"),
             asyncio.create_task(self._run_loop(), name="batch-runner"),
@@ -125,6 +129,16 @@ class BatchScheduler:
         self.model_exec.shutdown(wait=False, cancel_futures=True)
 
     @property
+    def idle(self) -> bool:
+        """A request submitted now is the next forward, at once: nothing runs, is prepared, forms or
+        waits, and no ``MAX_WAIT_MS`` holds a batch back for companions."""
+        return (
+            self._free_at == -math.inf and not self._running and not self._forming
+            and self._prepared.empty() and not self._waiting and self._inbox.empty()
+            and self._settings.max_wait_ms == 0
+        )
+
+    @property
     def depth(self) -> int:
         """Requests submitted and not yet taken into a batch."""
         return len(self._waiting) + self._inbox.qsize()
@@ -158,7 +172,7 @@ class BatchScheduler:
 
     def _due(self, batch: list[PendingEntry]) -> float:
         """When ``batch``, as it stands, should be committed (:func:`formation_due`)."""
-        full = len(batch) >= self._limits.max_batch_size or not batch[0].modality.batchable
+        full = len(batch) >= self._limits.max_batch_size or not batch[0].modality.batchable or not batch[0].decoded
         return formation_due(
             model_free_at=self._free_at,
             preprocess_s=self._pacing.preprocess.predict(sum(e.tokens for e in batch)),
@@ -173,7 +187,10 @@ class BatchScheduler:
             while not self._inbox.empty():
                 self._waiting.append(self._inbox.get_nowait())
             self._waiting = deque(self._drop_dead(self._waiting))
-            batch, rest = take_batch(self._waiting, self._limits)
+            if self._waiting and not self._waiting[0].decoded:  # its size is not known yet: alone
+                batch, rest = [self._waiting[0]], list(self._waiting)[1:]
+            else:
+                batch, rest = take_batch(self._waiting, self._limits)
             if not batch:
                 await self._sleep(None)
                 continue
@@ -227,13 +244,29 @@ class BatchScheduler:
         return await loop.run_in_executor(self._pre_exec, self._preprocess_now, batch)
 
     def _preprocess_now(self, batch: list[PendingEntry]) -> PreparedBatch:
-        """The processor call of ``batch`` on the calling thread, timed."""
+        """The processor call of ``batch`` on the calling thread, timed (after decoding what is still to be)."""
+        if not batch[0].decoded:
+            self._decode_alone(batch[0])
         start = time.perf_counter()
         prepared = self._adapter.preprocess([e.items for e in batch])
         seconds = time.perf_counter() - start
         self._metrics.preprocess_latency.observe(seconds)
         self._pacing.preprocess.observe(sum(e.tokens for e in batch), seconds)
         return prepared
+
+    def _decode_alone(self, entry: PendingEntry) -> None:
+        """Decode an entry submitted undecoded (it runs alone), then tell the former how long its
+        forward should take: until then the model counted as busy for an unknown time."""
+        entry.decode_now()
+        if self.depth and self._loop is not None:  # someone waits (read across threads: only a hint)
+            self._loop.call_soon_threadsafe(self._decoded, entry)
+
+    def _decoded(self, entry: PendingEntry) -> None:
+        if self._running[:1] != [entry]:  # its forward is over already (or it was preprocessed ahead)
+            return
+        ahead = self._pacing.preprocess.predict(entry.tokens)
+        self._free_at = self._pacing.forward_end(time.monotonic() + ahead, entry.tokens)
+        self._wake.set()
 
     def _preprocess_and_forward(self, batch: list[PendingEntry]) -> tuple[PreparedBatch, list[EncodedPart]]:
         """Both stages in one call on the model thread (an idle model: no thread hand-off between them)."""
@@ -305,7 +338,9 @@ class BatchScheduler:
         """The forward of a prepared batch, or preprocessing and forward of an unprepared one, on the model thread."""
         tokens = sum(e.tokens for e in entries)
         ahead = self._pacing.preprocess.predict(tokens) if prepared is None else 0.0
-        self._free_at = self._pacing.forward_end(time.monotonic() + ahead, tokens)
+        # Not decoded yet: busy for an unknown time, until the model thread tells (_decoded).
+        known = all(e.decoded for e in entries)
+        self._free_at = self._pacing.forward_end(time.monotonic() + ahead, tokens) if known else math.inf
         self._wake.set()
         if prepared is None:
             return await loop.run_in_executor(self.model_exec, self._preprocess_and_forward, entries)

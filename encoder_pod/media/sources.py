@@ -23,6 +23,9 @@ from encoder_pod.settings import MediaSettings
 
 _BASE64 = re.compile(r"^[A-Za-z0-9+/_\-\s]*={0,2}\s*$")
 
+PATH_MAX = 4096
+"""Longest path Linux opens: a longer item string is never a file."""
+
 B64_SLICE = 1 << 19
 """Characters decoded per step (a multiple of 4): a multi-megabyte item never holds the GIL long."""
 
@@ -101,17 +104,39 @@ class MediaSources:
                 raise SourceError(f"content hash mismatch: expected {spec.content_hash}, got {got}")
         return data
 
-    def fetch(self, source: str) -> bytes:
-        """The item's bytes; raises :class:`SourceError` naming the reason."""
+    @staticmethod
+    def kind(source: str) -> str:
+        """How ``source`` carries its bytes: ``data`` (a data: URI), ``url``, ``file`` or ``base64``."""
         lowered = source[:16].lower()
         if lowered.startswith("data:"):
-            return _data_uri(source)
+            return "data"
         if lowered.startswith(("http://", "https://")):
+            return "url"
+        if lowered.startswith("file://") or (not looks_like_base64(source) and any(c in source for c in "/.\\")):
+            return "file"
+        return "base64"
+
+    @staticmethod
+    def in_body(source: str) -> bool:
+        """True when ``source`` surely carries its bytes itself: no fetch, no disk read.
+
+        Cheap enough for the event loop (no scan of the whole string): a data: URI, or a string
+        longer than any path (``PATH_MAX``) that names no URL. Shorter raw base64 counts as not.
+        """
+        lowered = source[:16].lower()
+        if lowered.startswith("data:"):
+            return True
+        return len(source) > PATH_MAX and not lowered.startswith(("http://", "https://", "file://"))
+
+    def fetch(self, source: str) -> bytes:
+        """The item's bytes; raises :class:`SourceError` naming the reason."""
+        kind = self.kind(source)
+        if kind == "data":
+            return _data_uri(source)
+        if kind == "url":
             return self._url(source)
-        if lowered.startswith("file://"):
-            return self._file(source[7:])
-        if not looks_like_base64(source) and any(c in source for c in "/.\\"):
-            return self._file(source)
+        if kind == "file":
+            return self._file(source[7:] if source[:7].lower() == "file://" else source)
         return _b64decode(source)
 
     def _url(self, url: str) -> bytes:

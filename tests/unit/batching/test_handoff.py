@@ -20,7 +20,7 @@ import torch
 from encoder_pod.batching.entry import PendingEntry
 from encoder_pod.batching.pacing import Pacing, ServiceEstimate
 from encoder_pod.batching.scheduler import BatchScheduler
-from encoder_pod.errors import InternalError, ShuttingDown
+from encoder_pod.errors import InternalError, ItemError, ShuttingDown
 from encoder_pod.metrics import ReplicaMetrics
 from encoder_pod.modality import Modality
 from encoder_pod.models.base import MediaItem, PreparedBatch, slice_output
@@ -231,3 +231,64 @@ async def test_stop_answers_every_request_wherever_it_is():
     model.gate.set()
     for entry in entries:
         assert entry.future.done() and isinstance(entry.future.exception(), ShuttingDown)
+
+
+def _undecoded(n: int, decode_threads: list[str], error: Exception | None = None) -> PendingEntry:
+    """Entry ``n`` submitted with its items still to decode (as the runtime does for an idle model)."""
+    def decode() -> list[tuple[MediaItem, int]]:
+        decode_threads.append(threading.current_thread().name.split("_")[0])
+        if error is not None:
+            raise error
+        return [(MediaItem(Modality.IMAGE, n), 1)]
+
+    entry = _entry(n)
+    entry.items, entry.item_tokens, entry.decode = [], [], decode
+    return entry
+
+
+@on_a_loop
+async def test_an_idle_model_decodes_a_request_on_its_own_thread_and_runs_it_alone():
+    model = ScriptedModel()
+    scheduler, metrics = _scheduler(model, _pacing(forward_s=600.0))
+    scheduler.start()
+    assert scheduler.idle
+    threads: list[str] = []
+    first = _undecoded(0, threads)
+    scheduler.submit(first)
+    assert not scheduler.idle, "a second request would also be submitted undecoded"
+    await _until(lambda: model.forwards == [[0]], "the first forward")
+    later = [_entry(n) for n in (1, 2)]
+    for entry in later:
+        scheduler.submit(entry)
+    await _settle()
+    model.gate.set()
+    await asyncio.wait_for(asyncio.gather(first.future, *(e.future for e in later)), WAIT_S)
+    assert threads == ["model"] and model.preprocess_threads[0] == "model"
+    assert model.forwards == [[0], [1, 2]], "requests that came during the first one's forward share the next"
+    assert _rows([first, *later]) == [0.0, 1.0, 2.0]
+    await _until(lambda: scheduler.idle, "the model idle again")
+    await scheduler.stop()
+
+
+@on_a_loop
+async def test_a_request_whose_items_fail_to_decode_on_the_model_thread_gets_its_own_error():
+    model = ScriptedModel()
+    model.gate.set()
+    scheduler, _ = _scheduler(model)
+    scheduler.start()
+    threads: list[str] = []
+    bad = _undecoded(0, threads, ItemError(0, "cannot identify image file"))
+    scheduler.submit(bad)
+    await asyncio.wait_for(asyncio.gather(bad.future, return_exceptions=True), WAIT_S)
+    error = bad.future.exception()
+    assert isinstance(error, ItemError) and error.http_status == 400 and "mm_items[0]" in error.message
+    good = _entry(1)
+    scheduler.submit(good)
+    await asyncio.wait_for(good.future, WAIT_S)
+    assert _rows([good]) == [1.0] and model.forwards == [[1]] and threads == ["model"]
+    await scheduler.stop()
+
+
+def test_no_idle_lane_while_max_wait_ms_holds_batches_for_companions():
+    scheduler, _ = _scheduler(ScriptedModel(), ENCODER_MAX_WAIT_MS="50")
+    assert not scheduler.idle

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from encoder_pod.api.json_body import SCAN_SLICE, parse_large
+from encoder_pod.api.json_body import SCAN_SLICE, SEND_CHUNK, PiecesResponse, parse_large
 
 pytestmark = pytest.mark.unit
 
@@ -51,3 +51,25 @@ def test_undecodable_bytes_are_refused_as_json_loads_does():
         json.loads(b'{"a": "\xff"}')
     with pytest.raises(UnicodeDecodeError):
         parse_large([b'{"a": "\xff"}'])
+
+
+def test_a_body_goes_out_in_few_messages_and_unchanged():
+    """Each body message crosses every ASGI layer: small pieces are sent together, large ones apart."""
+    import asyncio
+
+    def sent(pieces: list[bytes]) -> list[tuple[bytes, bool]]:
+        messages: list[dict] = []
+
+        async def send(message: dict) -> None:
+            messages.append(message)
+
+        asyncio.run(PiecesResponse(pieces, media_type="application/octet-stream")({}, None, send))  # type: ignore[arg-type]
+        assert messages[0]["type"] == "http.response.start"
+        return [(m["body"], m["more_body"]) for m in messages[1:]]
+
+    small = [b"head", memoryview(b"x" * 1000), b"tail"]
+    assert sent(small) == [(b"head" + b"x" * 1000 + b"tail", False)]
+    big = [b"h", b"a" * SEND_CHUNK, b"b" * SEND_CHUNK, b"t"]
+    out = sent(big)
+    assert b"".join(body for body, _ in out) == b"".join(big) and [more for _, more in out] == [True, True, False]
+    assert sent([]) == [(b"", False)]

@@ -44,6 +44,20 @@ def test_data_uri_raw_base64_and_jpeg_leading_slash():
     assert src.fetch(jpeg)[:2] == b"\xff\xd8"
 
 
+def test_only_items_that_surely_carry_their_bytes_count_as_in_the_body():
+    """What the model thread may decode itself: never an item that needs a fetch or a disk read."""
+    src = _sources()
+    big = base64.b64encode(os.urandom(8000)).decode()
+    assert src.in_body("data:image/png;base64," + base64.b64encode(_png()).decode())
+    assert src.in_body("DATA:image/png;base64,AAAA")
+    assert src.in_body(big) and src.kind(big) == "base64"
+    for elsewhere in ["https://example.com/a.png", "http://10.0.0.1/" + "a" * 5000, "file://a.png", "/data/images/cat.png"]:
+        assert not src.in_body(elsewhere), elsewhere
+    assert not src.in_body(_jpeg_b64())  # raw base64 as short as a path: the media threads tell
+    assert [src.kind(s) for s in ("data:,x", "https://h/a", "file://a", "/tmp/a.png", _jpeg_b64())] == [
+        "data", "url", "file", "file", "base64"]
+
+
 def test_paths_refused_without_root_and_confined_with_it(tmp_path):
     with pytest.raises(SourceError, match="ALLOWED_LOCAL_MEDIA_PATH"):
         _sources().fetch("/tmp/x.png")
