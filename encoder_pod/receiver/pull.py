@@ -10,10 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import zmq
-import zmq.asyncio
 
 from encoder_pod.receiver.assembly import Assembler, Completed, Failed, Outcome, ReceivedEmbedding, Rejected
 from encoder_pod.receiver.errors import ReceiverClosed, ReceiverError, WaitTimeout
@@ -21,6 +20,9 @@ from encoder_pod.receiver.errors import ReceiverClosed, ReceiverError, WaitTimeo
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
+
+DRAIN_BATCH = 64
+"""Messages the async receiver takes in one loop turn before it lets other callbacks run."""
 
 
 class _Inbox:
@@ -163,7 +165,12 @@ class EmbeddingReceiver(_Base):
 
 
 class AsyncEmbeddingReceiver(_Base):
-    """asyncio receiver: one reader task owns the socket; ``await wait(request_id)`` from anywhere on the loop."""
+    """asyncio receiver: the loop reads the socket when it is readable; ``await wait(request_id)`` from anywhere on the loop.
+
+    The socket is a plain ZMQ socket whose notification descriptor the loop watches
+    (``add_reader``): a message is decoded in the same loop turn that sees it, with none of
+    ``zmq.asyncio``'s futures in between. A task of its own expires stale parts.
+    """
 
     def __init__(
         self,
@@ -176,7 +183,7 @@ class AsyncEmbeddingReceiver(_Base):
         on_rejected: Callable[[ReceiverError], None] | None = None,
     ) -> None:
         super().__init__(expire_after, max_pending, on_rejected)
-        self._ctx = zmq.asyncio.Context()
+        self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.PULL)
         try:
             self.port = _configure(self._sock, host, port, max_message_bytes)
@@ -185,34 +192,51 @@ class AsyncEmbeddingReceiver(_Base):
             self._ctx.term()
             raise
         self.host = host
+        self._fd = cast(int, self._sock.getsockopt(zmq.FD))
         self._waiters: dict[str, asyncio.Future[ReceivedEmbedding]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
     def start(self) -> None:
-        """Start the reader task on the running loop (``async with`` does it)."""
+        """Start reading on the running loop (``async with`` does it)."""
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._read_loop(), name="embedding-receiver")
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(self._fd, self._read_ready)
+            self._task = self._loop.create_task(self._expire_loop(), name="embedding-receiver")
+            self._read_ready()  # what came before: the descriptor only signals new arrivals
 
-    async def _read_loop(self) -> None:
+    def _read_ready(self) -> None:
+        """Take every message waiting now (at most :data:`DRAIN_BATCH`, then the loop's turn).
+
+        ZMQ's descriptor is edge-triggered: it signals once for any number of messages, so the
+        socket is drained until its events say empty, and a drain cut short is resumed soon.
+        """
+        if self._closed or self._loop is None:
+            return
+        try:
+            for _ in range(DRAIN_BATCH):
+                if not cast(int, self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                    return
+                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                self._dispatch(self._accept(frames, time.monotonic()))
+        except zmq.Again:
+            return
+        except Exception:  # noqa: BLE001 - never let one bad turn stop the receiving
+            log.exception("embedding receiver read error; continuing")
+            self._loop.call_later(0.01, self._read_ready)
+            return
+        self._loop.call_soon(self._read_ready)
+
+    async def _expire_loop(self) -> None:
         while True:
             next_expiry = self._assembler.next_expiry()
-            wait_ms = 1000 if next_expiry is None else max(0, min(1000, int((next_expiry - time.monotonic()) * 1000) + 1))
-            try:
-                ready = await self._sock.poll(wait_ms)  # POLLIN
-                outcomes: list[Outcome] = []
-                if ready:
-                    frames = await self._sock.recv_multipart(copy=False)
-                    outcomes = self._accept(frames, time.monotonic())
-                else:
-                    outcomes = list(self._assembler.expire(time.monotonic()))
-                    self._inbox.expire(time.monotonic())
-                self._dispatch(outcomes)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - never let one bad turn kill the receiver
-                log.exception("embedding receiver loop error; continuing")
-                await asyncio.sleep(0.01)
+            wait_s = 1.0 if next_expiry is None else max(0.0, min(1.0, next_expiry - time.monotonic() + 0.001))
+            await asyncio.sleep(wait_s)
+            now = time.monotonic()
+            self._dispatch(list(self._assembler.expire(now)))
+            self._inbox.expire(now)
+            self._read_ready()  # a safety net: an edge the descriptor never signalled
 
     def _dispatch(self, outcomes: list[Outcome]) -> None:
         for outcome in outcomes:
@@ -252,6 +276,8 @@ class AsyncEmbeddingReceiver(_Base):
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+            if self._loop is not None:
+                self._loop.remove_reader(self._fd)
         for request_id, waiter in self._waiters.items():
             if not waiter.done():
                 waiter.set_exception(ReceiverClosed("receiver closed while waiting", req_id=request_id))

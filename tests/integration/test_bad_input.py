@@ -121,6 +121,16 @@ def test_not_json_is_400(server):
     assert "JSON" in resp.json()["message"]
 
 
+def test_encode_takes_only_post_and_stays_documented(server):
+    """/encode is served ahead of the app's router: other methods still get 405, and the OpenAPI
+    document still describes its body and answers."""
+    resp = httpx.get(server.base_url + "/encode", timeout=10)
+    assert resp.status_code == 405 and resp.headers["allow"] == "POST"
+    post = httpx.get(server.base_url + "/openapi.json", timeout=10).json()["paths"]["/encode"]["post"]
+    assert post["requestBody"]["content"]["application/json"]["schema"]["required"] == ["req_id", "mm_items", "modality"]
+    assert {"200", "400", "413", "503"} <= set(post["responses"])
+
+
 def test_tiny_and_odd_images_get_an_answer(server):
     """A 1x1 image and a 3-pixel-wide strip are either encoded or refused with a clear 400."""
     for w, h in [(1, 1), (3, 500), (2, 2)]:

@@ -123,6 +123,32 @@ def test_async_receiver_survives_malformed_frames_and_expires_requests():
     asyncio.run(main())
 
 
+def test_async_receiver_takes_every_message_of_a_burst_including_those_before_it_started():
+    """ZMQ's descriptor signals once for many messages: none may be left in the socket unread."""
+    async def main():
+        rx = AsyncEmbeddingReceiver(expire_after=30)
+        pusher = Pusher(rx.port)
+        try:
+            before = [f"early-{n}" for n in range(5)]
+            for req_id in before:
+                pusher.send(good(req_id))
+            deadline = time.monotonic() + 10
+            while rx._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN == 0:  # queued in the socket, nobody reading
+                assert time.monotonic() < deadline, "the early messages never reached the socket"
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            async with rx:
+                burst = [f"burst-{n}" for n in range(300)]  # more than one drain takes in a loop turn
+                for req_id in burst:
+                    pusher.send(good(req_id))
+                got = await asyncio.wait_for(asyncio.gather(*(rx.wait(r, timeout=20) for r in before + burst)), 30)
+                assert [g.embedding().shape for g in got] == [(3, 4)] * len(before + burst)
+        finally:
+            pusher.close()
+
+    asyncio.run(main())
+
+
 def test_transfer_delivers_parts_and_errors_to_the_receiver():
     async def main():
         transfer = ZmqTransfer(load_settings(env={"ENCODER_SEND_TIMEOUT": "5", "ENCODER_WIRE_FORMAT": "encoderpool"}).transfer, TransferBackend.ZMQ_TO_TOKENIZER)
