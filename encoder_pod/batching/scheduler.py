@@ -255,33 +255,36 @@ class BatchScheduler:
         return prepared
 
     def _decode_alone(self, entry: PendingEntry) -> None:
-        """Decode an entry submitted undecoded (it runs alone), then tell the former how long its
-        forward should take: until then the model counted as busy for an unknown time."""
+        """Decode an entry submitted undecoded (it runs alone), then tell the former when its forward
+        should end: until then the model counted as busy for an unknown time, and the next batch
+        would not be preprocessed during this forward."""
         entry.decode_now()
-        if self.depth and self._loop is not None:  # someone waits (read across threads: only a hint)
-            self._loop.call_soon_threadsafe(self._decoded, entry)
-
-    def _decoded(self, entry: PendingEntry) -> None:
-        if self._running[:1] != [entry]:  # its forward is over already (or it was preprocessed ahead)
+        if self._running[:1] != [entry]:  # preprocessed ahead, not on the model thread: nothing to tell
             return
         ahead = self._pacing.preprocess.predict(entry.tokens)
-        self._free_at = self._pacing.forward_end(time.monotonic() + ahead, entry.tokens)
-        self._wake.set()
+        self._free_at = self._pacing.forward_end(time.monotonic() + ahead, entry.tokens)  # one store, read by the loop
+        if self.depth and self._loop is not None:  # someone waits for it (read across threads: only a hint)
+            self._loop.call_soon_threadsafe(self._wake.set)
 
-    def _preprocess_and_forward(self, batch: list[PendingEntry]) -> tuple[PreparedBatch, list[EncodedPart]]:
+    def _preprocess_and_forward(self, batch: list[PendingEntry]) -> None:
         """Both stages in one call on the model thread (an idle model: no thread hand-off between them)."""
         try:
             prepared = self._preprocess_now(batch)
         except Exception as exc:  # noqa: BLE001 - told apart from a failed forward by the caller
             raise _PreprocessFailed(exc) from exc
-        return prepared, self._forward(prepared)
+        self._forward(prepared, batch)
 
     # --- stage 2: forward -------------------------------------------------------------------
-    def _forward(self, prepared: PreparedBatch) -> list[EncodedPart]:
+    def _forward(self, prepared: PreparedBatch, entries: list[PendingEntry] | None = None) -> list[EncodedPart]:
+        """The forward and slicing of ``prepared`` (model thread). With ``entries``, the batch is
+        counted and its callers get their parts in the loop's next turn (:meth:`_answer`), a turn
+        before the runner learns that the forward is over."""
         start = time.perf_counter()
         try:
             output = self._adapter.forward(prepared)
             parts = self._adapter.postprocess(output, prepared)
+            if entries is not None and self._loop is not None:
+                self._loop.call_soon_threadsafe(self._answer, entries, prepared, parts)
             self._pacing.forward.observe(prepared.total_tokens, time.perf_counter() - start)
             return parts
         finally:
@@ -311,7 +314,7 @@ class BatchScheduler:
                 entry.fail(as_encoder_error(prepared, stage="preprocess"))
             return
         try:
-            done, parts = await self._compute(loop, entries, prepared)
+            await self._compute(loop, entries, prepared)
         except _PreprocessFailed as failed:
             for stage in await self._preprocess_alone(loop, entries, failed.cause):
                 await self._run_stage(loop, *stage)
@@ -328,25 +331,32 @@ class BatchScheduler:
                 for stage in await self._preprocess(loop, [entry]):
                     await self._run_stage(loop, *stage)
             return
-        self._observe(entries, done)
-        for entry, part in zip(entries, parts):
-            entry.succeed(part)
+        # Answered already, from the model thread (_forward -> _answer), one loop turn earlier.
 
     async def _compute(
         self, loop: asyncio.AbstractEventLoop, entries: list[PendingEntry], prepared: PreparedBatch | None
-    ) -> tuple[PreparedBatch, list[EncodedPart]]:
-        """The forward of a prepared batch, or preprocessing and forward of an unprepared one, on the model thread."""
+    ) -> None:
+        """The forward of a prepared batch, or preprocessing and forward of an unprepared one, on the model
+        thread; its callers are answered from there (:meth:`_forward`)."""
         tokens = sum(e.tokens for e in entries)
         ahead = self._pacing.preprocess.predict(tokens) if prepared is None else 0.0
-        # Not decoded yet: busy for an unknown time, until the model thread tells (_decoded).
+        # Not decoded yet: busy for an unknown time, until the model thread tells (_decode_alone).
         known = all(e.decoded for e in entries)
         self._free_at = self._pacing.forward_end(time.monotonic() + ahead, tokens) if known else math.inf
         self._wake.set()
         if prepared is None:
-            return await loop.run_in_executor(self.model_exec, self._preprocess_and_forward, entries)
-        return prepared, await loop.run_in_executor(self.model_exec, self._forward, prepared)
+            await loop.run_in_executor(self.model_exec, self._preprocess_and_forward, entries)
+        else:
+            await loop.run_in_executor(self.model_exec, self._forward, prepared, entries)
+
+    def _answer(self, entries: list[PendingEntry], prepared: PreparedBatch, parts: list[EncodedPart]) -> None:
+        """Count the batch and give each caller its part (on the loop; a caller gone is skipped)."""
+        self._observe(entries, prepared)
+        for entry, part in zip(entries, parts):
+            entry.succeed(part)
 
     def _observe(self, entries: list[PendingEntry], prepared: PreparedBatch) -> None:
         self._metrics.batch_size.observe(len(entries))
         self._metrics.batch_items.observe(sum(len(e.items) for e in entries))
         self._metrics.batch_tokens.observe(prepared.total_tokens)
+

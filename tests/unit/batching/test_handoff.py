@@ -292,3 +292,22 @@ async def test_a_request_whose_items_fail_to_decode_on_the_model_thread_gets_its
 def test_no_idle_lane_while_max_wait_ms_holds_batches_for_companions():
     scheduler, _ = _scheduler(ScriptedModel(), ENCODER_MAX_WAIT_MS="50")
     assert not scheduler.idle
+
+
+@on_a_loop
+async def test_a_request_decoded_on_the_model_thread_still_lets_the_next_batch_overlap_its_forward():
+    """Until its items are decoded the forward's length is unknown; after, the former plans around it."""
+    model = ScriptedModel()
+    scheduler, _ = _scheduler(model, _pacing(forward_s=0.0))  # the forward looks about to end at once
+    scheduler.start()
+    first = _undecoded(0, [])
+    scheduler.submit(first)
+    await _until(lambda: model.forwards == [[0]], "the first forward")
+    second = _entry(1)
+    scheduler.submit(second)
+    await _until(lambda: model.preprocessed == [[0], [1]], "the next batch preprocessed during the forward")
+    assert model.preprocess_threads == ["model", "preprocess"]
+    model.gate.set()
+    await asyncio.wait_for(asyncio.gather(first.future, second.future), WAIT_S)
+    assert model.forwards == [[0], [1]] and _rows([first, second]) == [0.0, 1.0]
+    await scheduler.stop()
