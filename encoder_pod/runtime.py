@@ -208,8 +208,8 @@ class EncoderRuntime:
     async def _enqueue(self, request: EncodeRequest, adapter: EncoderAdapter, deadline: float) -> PendingEntry:
         """Fetch, decode and measure the items (media threads), then hand the request to the batcher.
 
-        A request whose items are all in its body finds the model idle: it goes to the batcher at
-        once, and the model thread decodes them just before the forward (two thread hand-offs
+        When the model is idle and every item is in the body, the request goes to the batcher at
+        once and the model thread decodes its items just before the forward (two thread hand-offs
         fewer; nothing else waits for the model then).
         """
         if self._decodes_on_model_thread(request):
