@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
+from encoder_pod.parallel.router import Router
+
 
 class ReqAffinity:
     """Which rank holds a req_id's registrations; oldest entries go first when full."""
@@ -42,3 +44,17 @@ class ReqAffinity:
             if expires >= now and len(self._ranks) <= self._limit:
                 break
             del self._ranks[oldest]
+
+    def settle(self, req_id: str, rank: int, router: Router) -> int:
+        """The rank a request runs on, once it holds a slot on ``rank``; binds ``req_id`` to it.
+
+        Waiting for that slot yields the loop, and a registration that arrived meanwhile may have
+        bound ``req_id`` to another rank: its receive URLs are there, so the slot moves there too
+        (over that rank's limit if need be), unless that rank went down.
+        """
+        bound = self.get(req_id)
+        if bound is not None and bound != rank and router.take(bound):
+            router.release(rank)
+            rank = bound
+        self.bind(req_id, rank)
+        return rank

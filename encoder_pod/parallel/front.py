@@ -270,7 +270,7 @@ class DataParallelFront:
         else:
             rank = await self._acquire(deadline)
         if self._sticky:
-            self._affinity.bind(request.req_id, rank)
+            rank = self._affinity.settle(request.req_id, rank, self._router)
         if self._keys is not None:
             self._keys.record(keys, rank, by_key)
         try:

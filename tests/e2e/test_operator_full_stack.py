@@ -85,8 +85,8 @@ class ReadyPool:
     timeline: list[Sample]
 
 
-def sample(pools: Pools) -> Sample:
-    pool = pools.get(NAME)
+def sample(pools: Pools, pool: dict[str, Any]) -> Sample:
+    """``pool`` as read once (its readiness was judged on this very read), and its pod read after."""
     pods = pools.pods(NAME)
     state = ((pods[0].get("status") or {}).get("containerStatuses") or [{}])[0].get("state", {}) if pods else {}
     status = pool.get("status") or {}
@@ -103,8 +103,10 @@ def cpu_pool(k8s_cluster: Cluster, operator_process: Operator,
         pools.apply(cpu_pool_manifest)
         timeline: list[Sample] = []
         deadline = time.monotonic() + READY_SECONDS
-        while not pool_ready(pools.get(NAME)):
-            timeline.append(sample(pools))
+        # One read per turn decides both "Ready yet?" and the sample: two reads could see the
+        # pool turn Ready in between, and record a Ready sample before the loop noticed.
+        while not pool_ready(pool := pools.get(NAME)):
+            timeline.append(sample(pools, pool))
             assert time.monotonic() < deadline, f"not Ready after {READY_SECONDS:.0f}s\n{pools.diagnose(NAME)}"
             time.sleep(0.25)
         yield ReadyPool(pools, pools.get(NAME), timeline)

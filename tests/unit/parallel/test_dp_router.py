@@ -123,3 +123,25 @@ def test_affinity_is_bounded_and_expires():
     assert affinity.get("a") is None
     affinity.bind("d", 1)
     assert len(affinity) == 1
+
+
+def test_a_registration_bound_while_the_request_waited_for_a_slot_moves_the_request_to_its_rank():
+    """zmq_to_scheduler: the receive URLs went to rank 1 while the encode waited; it must run there."""
+    async def scenario() -> None:
+        router, affinity = _ready(2, limit=1), ReqAffinity(limit=8, ttl_s=60)
+        held = [await router.acquire(), await router.acquire()]  # both ranks full
+        waiting = asyncio.ensure_future(router.acquire())
+        await asyncio.sleep(0)
+        affinity.bind("req", 1)  # what a /scheduler_receive_url arriving now does (pick(full_ok=True))
+        router.release(0)  # the waiter is handed rank 0...
+        got = await waiting
+        assert got == 0
+        assert affinity.settle("req", got, router) == 1  # ...and moves to rank 1, where the URLs are
+        assert affinity.get("req") == 1 and router.pending == [0, 2]
+        router.set_ready(1, False)  # a bound rank that went down keeps the slot where it was handed
+        affinity.bind("other", 1)
+        assert affinity.settle("other", await router.acquire(), router) == 0 and affinity.get("other") == 0
+        for rank in held[1:]:
+            router.release(rank)
+
+    asyncio.run(scenario())
