@@ -9,9 +9,10 @@ The former forms the next batch only once the prepared slot is empty (the runner
 before it) and the model is about to be free: :func:`~encoder_pod.batching.pacing.formation_due`
 puts that moment one preprocessing estimate before the forward in progress should end, so the
 next batch's preprocessing still overlaps that forward, and every request that arrived until then
-joins it. A forward of unknown length (nothing seen yet) is waited for. An idle model takes the
-next batch at once and preprocesses it on the model thread itself, in the same call as its
-forward: there is nothing to overlap with, and it saves a hand-off between threads. For the same
+joins it. A forward of unknown length (nothing seen yet) is waited for. A request that finds
+the model idle goes from :meth:`BatchScheduler.submit` straight to the runner, and is preprocessed
+on the model thread itself, in the same call as its forward: there is nothing to overlap with,
+and it saves a loop turn and a hand-off between threads. For the same
 reason a request that finds the model idle (:attr:`BatchScheduler.idle`) may be submitted with its
 items still to decode: the model thread decodes them too, and the request runs alone.
 
@@ -96,7 +97,13 @@ class BatchScheduler:
         ]
 
     def submit(self, entry: PendingEntry) -> None:
-        """Hand an admitted, decoded request to the queue's owner."""
+        """Hand an admitted request to the queue's owner; when the model is :attr:`idle`, straight
+        to the runner (a batch of one, preprocessed on the model thread, as the former would do
+        with it, a loop turn sooner)."""
+        if self.idle and self._tasks:
+            self._metrics.queue_wait.observe(time.monotonic() - entry.admitted_at)
+            self._prepared.put_nowait(([entry], None))
+            return
         self._inbox.put_nowait(entry)
         self._wake.set()
 

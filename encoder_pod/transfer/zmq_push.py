@@ -98,7 +98,15 @@ class ZmqTransfer(Transfer):
     # --- pushing ----------------------------------------------------------------------------
     async def _push(self, endpoints: tuple[str, ...], frames: list[Any], deadline: float) -> dict[str, BaseException]:
         timeout = max(deadline - time.monotonic(), 0.001)
-        results = await asyncio.gather(*(self._sender.send(ep, frames, timeout) for ep in endpoints), return_exceptions=True)
+        results: list[BaseException | None]
+        if len(endpoints) == 1:  # awaited here: gather's task would start it a loop turn later, and end a turn late
+            try:
+                await self._sender.send(endpoints[0], frames, timeout)
+                results = [None]
+            except Exception as exc:  # noqa: BLE001 - reported per endpoint, as gather does
+                results = [exc]
+        else:
+            results = await asyncio.gather(*(self._sender.send(ep, frames, timeout) for ep in endpoints), return_exceptions=True)
         failures: dict[str, BaseException] = {}
         for ep, result in zip(endpoints, results):
             if isinstance(result, asyncio.CancelledError):

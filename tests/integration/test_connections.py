@@ -4,6 +4,7 @@ are answered 503 at once, and a normal request keeps working meanwhile."""
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import socket
@@ -167,3 +168,43 @@ def test_oversized_heads_are_refused_and_large_bodies_on_one_connection_are_not(
                 assert resp.status_code == 200, resp.text
             assert client.get("/health").status_code == 200
     print(f"\n{parser}: a 40 KiB head was answered {status} and closed; four 100 KB bodies on one connection: 200")
+
+
+def _head_of(answer: bytes) -> bytes:
+    return answer.partition(b"\r\n\r\n")[0]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_answers_on_one_keep_alive_connection_stay_whole_and_in_order(tiny_model, parser):
+    """The connection limits' protocol still serves HTTP/1.1 as clients use it: an answer to HEAD,
+    100 Continue, an error and a binary answer arrive whole, in order, on one connection."""
+    body = json.dumps({"req_id": "kept", "modality": "IMAGE", "mm_items": [png_data_uri(32, 32)]}).encode()
+    with EncoderServer(tiny_model("qwen2_vl"), env={"ENCODER_HTTP_PARSER": parser}) as server, \
+            socket.create_connection(("127.0.0.1", server.port), timeout=60) as s:
+        s.sendall(b"GET /livez HTTP/1.1\r\nHost: encoder\r\n\r\n")
+        assert _read_answer(s).endswith(b'{"status":"alive"}')
+        # An answer to HEAD is a head only (a 405 here: /livez is GET): it must still come, and the next after it.
+        s.sendall(b"HEAD /livez HTTP/1.1\r\nHost: encoder\r\n\r\n")
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += s.recv(4096)
+        assert data.startswith(b"HTTP/1.1 405") and data.endswith(b"\r\n\r\n"), data
+        # Expect: 100-continue: the client sends the body only once told to.
+        s.sendall(b"POST /encode HTTP/1.1\r\nHost: encoder\r\nContent-Type: application/json\r\n"
+                  b"Accept: application/octet-stream\r\nExpect: 100-continue\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body))
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            interim += s.recv(4096)
+        assert interim.startswith(b"HTTP/1.1 100"), interim
+        s.sendall(body)
+        answer = _read_answer(s)
+        assert answer.startswith(b"HTTP/1.1 200") and b"content-type: application/octet-stream" in _head_of(answer).lower()
+        assert len(answer) - len(_head_of(answer)) - 4 > 1000  # the embedding itself
+        # An error answer, then a normal one, on the same connection.
+        s.sendall(b"POST /encode HTTP/1.1\r\nHost: encoder\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{]")
+        error = _read_answer(s)
+        assert error.startswith(b"HTTP/1.1 400") and b"not valid JSON" in error, error
+        s.sendall(b"GET /livez HTTP/1.1\r\nHost: encoder\r\n\r\n")
+        assert _read_answer(s).startswith(b"HTTP/1.1 200")

@@ -195,6 +195,29 @@ async def test_an_idle_model_starts_at_once_and_video_runs_alone():
 
 
 @on_a_loop
+async def test_a_request_to_an_idle_model_goes_straight_to_it_and_the_next_one_queues():
+    model = ScriptedModel()
+    scheduler, metrics = _scheduler(model, _pacing(forward_s=600.0))
+    scheduler.start()
+    await _settle()
+    entries = [_entry(0), _entry(1), _entry(2)]
+    scheduler.submit(entries[0])
+    # Handed to the runner within submit (no former turn): nobody else counts the model as idle.
+    assert not scheduler.idle and scheduler.depth == 0
+    scheduler.submit(entries[1])  # the same loop turn
+    scheduler.submit(entries[2])
+    assert scheduler.depth == 2
+    await _until(lambda: model.forwards == [[0]], "the first forward")
+    await _settle()
+    assert model.forwards == [[0]] and model.preprocessed == [[0]], "a second batch ran alongside the first"
+    model.gate.set()
+    await asyncio.wait_for(asyncio.gather(*(e.future for e in entries)), WAIT_S)
+    assert model.forwards == [[0], [1, 2]] and _rows(entries) == [0.0, 1.0, 2.0]
+    assert metrics.batch_size._sum.get() == 3
+    await scheduler.stop()
+
+
+@on_a_loop
 async def test_one_bad_request_fails_alone_and_a_gone_caller_is_dropped_before_compute():
     model = ScriptedModel(bad=[2])
     scheduler, metrics = _scheduler(model)
