@@ -57,3 +57,5 @@ _.thread_type
 _.use_head
 _.num_hidden_layers
 _.pre_tokenizer  # the tiny checkpoints' tokenizers.Tokenizer
+# Called by uvicorn's HTTP protocols on a request they cannot parse (overridden in api/connections.py).
+_.send_400_response

@@ -12,6 +12,10 @@ connection:
   request to answer).
 - Header size: at most :data:`MAX_HEADER_BYTES` of a request's head (h11 enforces the same bound
   itself, with a 400); beyond, a 431 and the connection is closed.
+- A request that cannot be parsed, or a head over the bound, is answered (400 or 431, the
+  CONTRACT error body), the write side is shut, and what the client still sends is read and
+  dropped until it closes or :data:`REFUSAL_LINGER_S` passes. Closing at once would turn the
+  unread input into a TCP reset, which can destroy the answer before the client reads it.
 - ``HTTP_MAX_CONNECTIONS``: a connection beyond this many open ones is answered at once with a
   503 (``Retry-After: 1``, ``Connection: close``), its write side is shut, and it is closed once
   the client closes or after :data:`REFUSAL_LINGER_S`; what the client sends meanwhile is read
@@ -100,6 +104,8 @@ class _ConnectionLimits:
         super().__init__(*args, **kwargs)
         self._header_deadline: asyncio.TimerHandle | None = None
         self._refused: asyncio.TimerHandle | None = None
+        self._lingering: asyncio.TimerHandle | None = None
+        """Set once a request was refused: the answer is out, the input is dropped until the close."""
 
     def _owes_headers(self) -> bool:
         raise NotImplementedError
@@ -118,7 +124,7 @@ class _ConnectionLimits:
 
     def data_received(self, data: bytes) -> None:
         """Parse as uvicorn does (a refused connection's bytes are dropped), then follow the header clock."""
-        if self._refused is not None:
+        if self._refused is not None or self._lingering is not None:
             return
         super().data_received(data)  # type: ignore[misc]
         self._watch_headers()
@@ -135,7 +141,23 @@ class _ConnectionLimits:
             self._refused.cancel()
             self.transport.close()
             return
+        if self._lingering is not None:
+            self._lingering.cancel()
         super().connection_lost(exc)  # type: ignore[misc]
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request it cannot parse (both parsers call it), with a lingering close."""
+        self._refuse_request(raw_answer("400 Bad Request", msg))
+
+    def _refuse_request(self, answer: bytes) -> None:
+        """Answer, shut the write side, and close once the client does or after :data:`REFUSAL_LINGER_S`."""
+        self._stop_header_clock()
+        if self.transport.is_closing() or self._lingering is not None:
+            return
+        self.transport.write(answer)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._lingering = self.loop.call_later(REFUSAL_LINGER_S, self.transport.close)
 
     def _watch_headers(self) -> None:
         """The clock runs while the client owes a request's headers, and only then."""
@@ -180,7 +202,7 @@ if HttpToolsProtocol is not None:
 
         def data_received(self, data: bytes) -> None:
             """Parse; while a head stays incomplete, count its bytes against :data:`MAX_HEADER_BYTES`."""
-            if self._refused is not None:
+            if self._refused is not None or self._lingering is not None:
                 return
             self._ended_in_chunk = False
             super().data_received(data)
@@ -202,8 +224,6 @@ if HttpToolsProtocol is not None:
             self._ended_in_chunk = True
 
         def _refuse_head(self) -> None:
-            self._stop_header_clock()
-            self.transport.write(raw_answer(
+            self._refuse_request(raw_answer(
                 "431 Request Header Fields Too Large", f"request head is over {MAX_HEADER_BYTES} bytes (request line and headers)"
             ))
-            self.transport.close()

@@ -151,8 +151,7 @@ def test_oversized_heads_are_refused_and_large_bodies_on_one_connection_are_not(
             s.sendall(b"GET /health HTTP/1.1\r\nHost: encoder\r\n")
             for _ in range(40):  # up to 40 KiB of header lines, in pieces, never finished
                 s.sendall(b"X-Filler: " + b"a" * 1000 + b"\r\n")
-                # Stop once the server answered: what it never reads would make its close a reset,
-                # which can throw its answer away before this client reads it.
+                # Stop once the server answered (a client that goes on sending: the next tests).
                 if select.select([s], [], [], 0.2)[0]:
                     break
             answer = b""
@@ -208,3 +207,38 @@ def test_answers_on_one_keep_alive_connection_stay_whole_and_in_order(tiny_model
         assert error.startswith(b"HTTP/1.1 400") and b"not valid JSON" in error, error
         s.sendall(b"GET /livez HTTP/1.1\r\nHost: encoder\r\n\r\n")
         assert _read_answer(s).startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+@pytest.mark.parametrize("case", ["oversized head", "unparsable request"])
+def test_a_refused_request_is_answered_even_while_its_client_keeps_sending(tiny_model, parser, case):
+    """A 400/431 goes out, the write side is shut, and what the client still sends is dropped
+    until it closes: closing at once would reset the connection and could destroy the answer."""
+    opening = {
+        "oversized head": b"GET /health HTTP/1.1\r\nHost: encoder\r\n" + b"X-Filler: " + b"a" * 40_000 + b"\r\n",
+        "unparsable request": b"GET /health HTTP/1.1\r\nHost encoder\r\n\r\n",  # a header line with no colon
+    }[case]
+    with EncoderServer(tiny_model("qwen2_vl"), env={"ENCODER_HTTP_PARSER": parser}) as server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            s.sendall(opening)
+            # Keep sending after the server has refused: 2 MB that it never parses.
+            sent = 0
+            try:
+                while sent < 2_000_000:
+                    sent += s.send(b"b" * 65536)
+            except OSError as exc:  # the server closed first: its answer must still be readable
+                print(f"\nsend stopped after {sent} bytes: {exc}")
+            answer = _read_answer(s)
+            status = int(answer.split(b" ", 2)[1])
+            message = json.loads(answer.partition(b"\r\n\r\n")[2])["message"]
+            started = time.monotonic()
+            try:
+                closed = s.recv(4096) == b""
+            except ConnectionResetError:
+                closed = True  # the close after the linger, with our input unread
+            closed_s = time.monotonic() - started
+        assert httpx.get(server.base_url + "/health", timeout=10).status_code == 200
+    print(f"\n{parser}, {case}: answered {status} ({message!r}) after {sent} more bytes; closed {closed_s:.1f}s later")
+    assert (case, status) in (("oversized head", 400), ("oversized head", 431), ("unparsable request", 400))
+    assert message and closed and closed_s < 10
