@@ -113,11 +113,8 @@ class _ConnectionLimits:
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Refuse a connection over the limit; otherwise start its header clock."""
         if len(self.connections) >= self.LIMITS.max_connections:
-            self.transport = stream = cast(asyncio.Transport, transport)
-            stream.write(self.LIMITS.refusal())
-            if stream.can_write_eof():
-                stream.write_eof()
-            self._refused = self.loop.call_later(REFUSAL_LINGER_S, stream.close)
+            self.transport = cast(asyncio.Transport, transport)
+            self._refused = self._answer_and_linger(self.LIMITS.refusal())
             return
         super().connection_made(transport)  # type: ignore[misc]
         self._watch_headers()
@@ -154,10 +151,14 @@ class _ConnectionLimits:
         self._stop_header_clock()
         if self.transport.is_closing() or self._lingering is not None:
             return
+        self._lingering = self._answer_and_linger(answer)
+
+    def _answer_and_linger(self, answer: bytes) -> asyncio.TimerHandle:
+        """Write ``answer``, shut the write side, and close after :data:`REFUSAL_LINGER_S` (the handle)."""
         self.transport.write(answer)
         if self.transport.can_write_eof():
             self.transport.write_eof()
-        self._lingering = self.loop.call_later(REFUSAL_LINGER_S, self.transport.close)
+        return self.loop.call_later(REFUSAL_LINGER_S, self.transport.close)
 
     def _watch_headers(self) -> None:
         """The clock runs while the client owes a request's headers, and only then."""
