@@ -76,19 +76,22 @@ def stamped(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def update_strategy(pool: Pool) -> dict[str, Any]:
-    """RollingUpdate with spec.rollout's partition and maxUnavailable (defaults left out).
+    """RollingUpdate with spec.rollout's partition (always written) and maxUnavailable.
 
     partition: pods with an ordinal >= partition move to the new revision, the highest first,
-    the others stay (a canary). maxUnavailable > 1 replaces several pods at once; StatefulSets
-    honour it only with the MaxUnavailableStatefulSet feature gate, and status says when not.
+    the others stay (a canary). It is written even at 0: without a rollingUpdate block the
+    StatefulSet controller picks the revision of a pod it recreates from status.currentReplicas,
+    and a status read before its own last write recreates a pod the rollout has just replaced on
+    the OLD revision (it loads the old model, or stays Pending and stalls the rollout, before it
+    is replaced again). With a partition the choice is ordinal >= partition: the new revision.
+    maxUnavailable > 1 replaces several pods at once; StatefulSets honour it only with the
+    MaxUnavailableStatefulSet feature gate, and status says when not.
     """
     rollout = pool.spec.rollout
-    rolling: dict[str, Any] = {}
-    if rollout.partition:
-        rolling["partition"] = rollout.partition
+    rolling: dict[str, Any] = {"partition": rollout.partition}
     if rollout.max_unavailable != 1:
         rolling["maxUnavailable"] = rollout.max_unavailable
-    return {"type": "RollingUpdate", **({"rollingUpdate": rolling} if rolling else {})}
+    return {"type": "RollingUpdate", "rollingUpdate": rolling}
 
 
 def statefulset(pool: Pool, settings: OperatorSettings, template: dict[str, Any]) -> dict[str, Any]:

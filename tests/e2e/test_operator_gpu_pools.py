@@ -101,6 +101,25 @@ def test_spec_change_rolls_pods_and_counts_only_new_revision_pods_as_updated(
         progressing = condition(pool, "Progressing")
         assert progressing["status"] == "True" and progressing["reason"] == "RollingUpdate"  # type: ignore[index]
         assert status["endpoints"] == [f"http://{NAME}-0.{NAME}.{pools.namespace}.svc:30000"]
+
+        # A pod lost mid-rollout (force-deleted, as after a node failure) comes back on the new
+        # revision, not on the old spec to load the old model and be replaced again. The operator
+        # writes rollingUpdate.partition out even at 0 for this: without a rollingUpdate block the
+        # StatefulSet controller recreates a pod whose ordinal is below its last-read
+        # status.currentReplicas on the old revision, which also made pod 1 above come back on
+        # the old revision, Pending, and hold the rollout, when that status was read stale.
+        lost = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pools.pods(NAME)}[f"{NAME}-0"]
+        pools.kubectl("delete", "pod", f"{NAME}-0", "--grace-period=0", "--force")
+
+        def recreated(p: dict[str, Any]) -> bool:
+            pod = {q["metadata"]["name"]: q for q in pools.pods(NAME)}.get(f"{NAME}-0")
+            return pod is not None and pod["metadata"]["uid"] != lost and p["status"]["replicas"] == 2
+
+        pools.wait(NAME, recreated, READY_SECONDS, f"{NAME}-0 recreated")
+        revisions = {p["metadata"]["name"]: p["metadata"]["labels"][REVISION] for p in pools.pods(NAME)}
+        assert revisions == {f"{NAME}-0": new_revision, f"{NAME}-1": new_revision}
+        pool = pools.wait(NAME, lambda p: p["status"]["updatedReplicas"] == 2, READY_SECONDS, "2 pods updated")
+        assert pool["status"]["readyReplicas"] == 0 and not pool_ready(pool)
     finally:
         k8s_cluster.kubectl("uncordon", *nodes)
 

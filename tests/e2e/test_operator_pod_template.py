@@ -75,7 +75,9 @@ def test_the_production_example_applies_as_it_is(pools: Pools) -> None:
     hpa = pools.api.get(path_for("autoscaling/v2", "horizontalpodautoscalers", pools.namespace, NAME))
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 8)
     sts = pools.child("StatefulSet", NAME)
-    assert sts["spec"]["updateStrategy"] == {"type": "RollingUpdate"}  # type: ignore[index]  # maxUnavailable 1
+    strategy = sts["spec"]["updateStrategy"]  # type: ignore[index]
+    assert strategy["type"] == "RollingUpdate" and strategy["rollingUpdate"]["partition"] == 0
+    assert strategy["rollingUpdate"].get("maxUnavailable", 1) == 1  # the API server's default, where it sets one
     applied = condition(pool, "SpecApplied")
     assert applied is not None and applied["status"] == "True"
 

@@ -253,7 +253,9 @@ def test_default_images_come_from_settings(make_pool: Callable[..., Pool]) -> No
 
 def test_rollout_settings_reach_the_update_strategy(make_pool: Callable[..., Pool], settings: OperatorSettings) -> None:
     default = statefulset(make_pool({"model": "/m"}), settings)["spec"]["updateStrategy"]
-    assert default == {"type": "RollingUpdate"}, "StatefulSet defaults are left to the API server"
+    # partition 0 is written out: it makes a pod the controller recreates mid-rollout take the new
+    # revision (without it the controller goes by a status.currentReplicas that can be stale).
+    assert default == {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}
     sts = of_kind(rendered(make_pool, settings, "day-two"))
     assert sts["spec"]["updateStrategy"] == {"type": "RollingUpdate",
                                              "rollingUpdate": {"partition": 3, "maxUnavailable": "50%"}}
