@@ -17,6 +17,8 @@ import re
 from pathlib import Path
 from urllib.parse import unquote_to_bytes
 
+import pybase64
+
 from encoder_pod.media.url_fetch import SourceError, UrlPolicy, fetch_url
 from encoder_pod.protocol import ItemSpec
 from encoder_pod.settings import MediaSettings
@@ -33,6 +35,17 @@ __all__ = ["MediaSources", "SourceError", "looks_like_base64"]
 
 
 def _b64decode(text: str) -> bytes:
+    """The bytes of standard or URL-safe base64, whitespace and missing padding allowed.
+
+    Strict, well-formed base64 (what clients send) is decoded at once with ``pybase64`` (SIMD:
+    about 40x the standard library's speed); anything else takes the careful path below, which
+    accepts the same inputs the standard library does and names the reason for a refusal.
+    """
+    if len(text) <= B64_SLICE:
+        try:
+            return pybase64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            pass
     if len(text) > B64_SLICE and "-" not in text and "_" not in text:
         return _b64decode_sliced(text)
     compact = "".join(text.split())
@@ -64,7 +77,10 @@ def _b64decode_sliced(text: str) -> bytes:
                 piece, carry = piece[:cut], piece[cut:]
                 if "=" in piece:
                     raise binascii.Error("padding before the end")  # as validating the whole string says
-            decoded.append(base64.b64decode(piece, validate=True))
+            try:
+                decoded.append(pybase64.b64decode(piece, validate=True))
+            except binascii.Error:
+                decoded.append(base64.b64decode(piece, validate=True))  # raises, naming the fault
     except (binascii.Error, ValueError) as exc:
         raise SourceError(f"invalid base64 ({exc})") from None
     return b"".join(decoded)

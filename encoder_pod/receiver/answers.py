@@ -11,12 +11,12 @@ subclass). The JSON and msgpack answers carry no ``send_time``: it reads 0.
 
 from __future__ import annotations
 
-import base64
 import binascii
 from typing import Any
 
 import msgpack
 import orjson
+import pybase64
 import torch
 
 from encoder_pod import json_limits
@@ -72,7 +72,7 @@ def _json_answer(body: bytes) -> tuple[WireHeader, bytes]:
     if value["embedding"].get("encoding") != "base64" or not isinstance(data, str):
         raise MalformedMessage("JSON answer's embedding is not base64 text", req_id=header.req_id)
     try:
-        return header, base64.b64decode(data, validate=True)
+        return header, pybase64.b64decode(data, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise MalformedMessage(f"JSON answer's embedding is not base64 ({exc})", req_id=header.req_id) from None
 

@@ -23,8 +23,6 @@ small header and hand the tensor's memory on as it is.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import struct
 import time
@@ -34,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import numpy as np
 import orjson
+import pybase64
 
 from encoder_pod.errors import InvalidRequest
 from encoder_pod.protocol import EncodeRequest
@@ -69,7 +68,7 @@ def base64_of(view: memoryview) -> bytearray:
     """Base64 of ``view``, encoded slice by slice into one preallocated buffer."""
     out = bytearray(4 * ((len(view) + 2) // 3))
     for start in range(0, len(view), BASE64_SLICE):
-        encoded = binascii.b2a_base64(view[start : start + BASE64_SLICE], newline=False)
+        encoded = pybase64.b64encode(view[start : start + BASE64_SLICE])
         at = start // 3 * 4
         out[at : at + len(encoded)] = encoded
     return out
@@ -185,14 +184,14 @@ class InlineAnswer:
 
     def body(self) -> dict[str, Any]:
         """The whole JSON body as a value (tests and in-process callers; copies ``data``)."""
-        data = base64.b64encode(memoryview(self.data).cast("B")).decode("ascii")
+        data = pybase64.b64encode(memoryview(self.data).cast("B")).decode("ascii")
         embedding = {**self.meta["embedding"], "encoding": "base64", "data": data}
         return {key: (embedding if key == "embedding" else value) for key, value in self.meta.items()}
 
 
 def decode_embedding(payload: dict[str, Any]) -> np.ndarray:
     """Inverse of the JSON encoding, for clients and tests (bf16 comes back as float32)."""
-    raw = base64.b64decode(payload["data"])
+    raw = pybase64.b64decode(payload["data"])
     shape = tuple(payload["shape"])
     if payload["dtype"] == "bfloat16":
         as_int = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16

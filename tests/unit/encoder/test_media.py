@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import io
 import os
 
@@ -11,7 +12,7 @@ from PIL import Image
 
 from encoder_pod.errors import MediaError
 from encoder_pod.media.images import decode_image
-from encoder_pod.media.sources import MediaSources, SourceError
+from encoder_pod.media.sources import B64_SLICE, MediaSources, SourceError
 from encoder_pod.settings import load_settings
 
 pytestmark = pytest.mark.unit
@@ -42,6 +43,34 @@ def test_data_uri_raw_base64_and_jpeg_leading_slash():
     jpeg = _jpeg_b64()
     assert jpeg.startswith("/9j/")  # looks like a path, is base64
     assert src.fetch(jpeg)[:2] == b"\xff\xd8"
+
+
+@pytest.mark.parametrize("size", [3000, B64_SLICE // 4 * 3 + 5])  # decoded at once / slice by slice
+def test_base64_in_every_form_clients_send_decodes_as_the_standard_library_does(size):
+    """Strict base64 takes the fast decoder; MIME line breaks, URL-safe, missing padding the careful one: same bytes."""
+    src = _sources()
+    data = os.urandom(size)
+    strict = base64.b64encode(data).decode()
+    forms = {
+        "strict": strict,
+        "mime": base64.encodebytes(data).decode(),  # a newline every 76 characters
+        "unpadded": strict.rstrip("="),
+        "urlsafe": base64.urlsafe_b64encode(data).decode(),
+    }
+    for name, text in forms.items():
+        assert src.fetch("data:image/png;base64," + text) == data, name
+        assert src.fetch(text) == data, name
+
+
+@pytest.mark.parametrize("size", [3000, B64_SLICE // 4 * 3 + 5])
+def test_invalid_base64_is_refused_with_the_standard_librarys_reason(size):
+    text = base64.b64encode(os.urandom(size)).decode()
+    bad = text[:100] + "*" + text[101:]
+    with pytest.raises(binascii.Error) as stdlib:
+        base64.b64decode(bad, validate=True)
+    with pytest.raises(SourceError, match="invalid base64") as ours:
+        _sources().fetch("data:image/png;base64," + bad)
+    assert str(stdlib.value) in str(ours.value)
 
 
 def test_only_items_that_surely_carry_their_bytes_count_as_in_the_body():

@@ -3,20 +3,24 @@ across the DP boundary as meta + raw frame, and read back by the receiver librar
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import struct
 import subprocess
 import sys
+import threading
 
 import msgpack
 import numpy as np
 import pytest
 import torch
 
+from encoder_pod.api.answers import LOOP_JSON_BYTES, answer_response
 from encoder_pod.errors import InvalidRequest
 from encoder_pod.models.base import EncodedPart
 from encoder_pod.modality import Modality
+from encoder_pod.offload import Offload
 from encoder_pod.protocol import EncodeRequest, ItemSpec
 from encoder_pod.receiver.answers import BINARY, JSON, MSGPACK, decode_answer
 from encoder_pod.receiver.errors import MalformedMessage, PayloadMismatch
@@ -165,3 +169,35 @@ def test_the_front_side_of_the_boundary_loads_no_torch():
         "sys.exit(1 if 'torch' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+@pytest.mark.parametrize("rows", [4, LOOP_JSON_BYTES // 24 + 1])  # 96 bytes / under the limit, 256 KiB + 24
+def test_a_json_answer_goes_to_a_thread_only_when_large_and_reads_back_the_same(rows):
+    """A small embedding's base64 costs less than a thread hand-off: rendered on the loop; a large one never is."""
+    answer, embedding = _answer(rows)
+    offload = Offload(name="test-offload")
+    threads: list[str] = []
+    real_render = answer.render_json
+
+    def render() -> list:
+        threads.append(threading.current_thread().name)
+        return real_render()
+
+    object.__setattr__(answer, "render_json", render)
+    sent: list[bytes] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message.get("body", b""))
+
+    async def answer_it() -> None:
+        response = await answer_response(answer, "application/json", offload)
+        await response({"type": "http"}, None, send)
+
+    try:
+        asyncio.run(answer_it())
+    finally:
+        offload.close()
+    on_loop = memoryview(answer.data).nbytes <= LOOP_JSON_BYTES
+    assert (threads == [threading.main_thread().name]) is on_loop, threads
+    header, tensor = decode_answer(JSON, b"".join(sent))
+    assert header.req_id == REQUEST.req_id and torch.equal(tensor, embedding)
