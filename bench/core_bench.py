@@ -17,7 +17,12 @@ Every round runs each concurrency level for the ceiling and every server mode ba
 order rotating from one point to the next, and the median round is reported (a noisy neighbour
 on a shared machine hits all sides alike).
 ``--baseline-tree DIR`` adds the same runs against another source tree (the code before a
-change), ``before-json`` and ``before-push``. Run with ``make bench`` (or ``python -m
+change), ``before-<mode>``, and the change itself as a paired comparison: per round, the server's
+p50 at concurrency 1 minus the baseline's in the same mode, and the server process's CPU time per
+request (from /proc) minus the baseline's. A short A/B of a change at concurrency 1 is
+``--concurrency 1 --min-requests 20 --rounds 32 --restarts 8``: with ``--restarts`` the rounds
+are spread over fresh pairs of server processes, started in alternating order (a pair that lives
+for the whole run lets one process's speed pass for the change's). Run with ``make bench`` (or ``python -m
 bench.core_bench``); writes bench/results/core_<device>.json and .png.
 """
 
@@ -130,19 +135,54 @@ def _batch_stats(server: Any) -> tuple[float, float]:
     return server.metric("encoder_batch_size_sum"), server.metric("encoder_batch_size_count")
 
 
+def _cpu_seconds(pid: int) -> float:
+    """CPU time of process ``pid``, all its threads, in nanosecond steps (Linux /proc schedstat;
+    /proc/<pid>/stat counts 10 ms ticks, too coarse for a 20-request run)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):  # a thread that just ended
+            pass
+    return total / 1e9
+
+
 def server_run(server: Any, mode: str, uris: list[str], concurrency: int, total: int) -> dict[str, Any]:
-    """One closed-loop run against ``server``; adds the mean batch size the server formed meanwhile."""
+    """One closed-loop run against ``server``; adds the mean batch size the server formed meanwhile
+    and the server process's CPU time per request."""
     before = _batch_stats(server)
+    cpu = _cpu_seconds(server.proc.pid)
     result = asyncio.run(_server_run(server.base_url, mode, uris, concurrency, total))
+    result["server_cpu_ms_per_request"] = (_cpu_seconds(server.proc.pid) - cpu) / max(result["requests"], 1) * 1e3
     after = _batch_stats(server)
     batches = after[1] - before[1]
     result["mean_batch"] = (after[0] - before[0]) / batches if batches else float("nan")
     return result
 
 
-def _median(runs: list[dict[str, Any]], key: str) -> dict[str, float]:
-    values = [r[key] for r in runs]
+def _spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> dict[str, float]:
+    return _spread([r[key] for r in runs])
+
+
+def _change(runs: dict[str, dict[int, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Per mode, the server minus the baseline at concurrency 1, paired round by round."""
+    out: dict[str, Any] = {}
+    for side, levels in runs.items():
+        if not side.startswith("server-") or f"before-{side[7:]}" not in runs:
+            continue
+        paired = list(zip(levels.get(1, []), runs[f"before-{side[7:]}"].get(1, [])))
+        if len(paired) < 2:
+            continue
+        p50 = [s["p50_ms"] - b["p50_ms"] for s, b in paired]
+        cpu = [s["server_cpu_ms_per_request"] - b["server_cpu_ms_per_request"] for s, b in paired]
+        quartiles = statistics.quantiles(p50, n=4)
+        out[side[7:]] = {"p50_ms_c1": {**_spread(p50), "q1": quartiles[0], "q3": quartiles[2]},
+                         "server_cpu_ms_per_request_c1": _spread(cpu), "rounds": len(paired)}
+    return out
 
 
 def summarize(runs: dict[str, dict[int, list[dict[str, Any]]]]) -> dict[str, Any]:
@@ -164,7 +204,7 @@ def summarize(runs: dict[str, dict[int, list[dict[str, Any]]]]) -> dict[str, Any
             ratios = [s["images_per_s"] / q["images_per_s"] for s, q in zip(levels.get(c, []), ceiling.get(c, []))]
             if ratios:
                 goals[f"{side}_throughput_ratio_c{c}"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
-    return {"table": table, "goals": goals}
+    return {"table": table, "goals": goals, "change_vs_baseline": _change(runs)}
 
 
 def plot(data: dict[str, Any], path: Path) -> None:
@@ -209,6 +249,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     parser.add_argument("--out", default=None, help="results name (default core_<device>)")
     parser.add_argument("--baseline-tree", type=Path, default=None, help="source tree of the code to compare against")
+    parser.add_argument("--restarts", type=int, default=1,
+                        help="server sessions the rounds are spread over, fresh processes each, started in the "
+                             "other order each time (use several for an A/B with --baseline-tree)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads of the servers and the ceiling (default 1 on cpu, 0 = torch's default): "
                              "on a shared 2-core machine a 2-thread OpenMP pool stalls whenever another job holds a core")
@@ -227,49 +270,61 @@ def main() -> None:
         torch.set_num_threads(args.threads)  # the ceiling runs in this process
         env.update({"ENCODER_NUM_THREADS": str(args.threads), "OMP_NUM_THREADS": str(args.threads),
                     "MKL_NUM_THREADS": str(args.threads)})
-    servers = {"server": (EncoderServer(model, env=env), args.modes.split(","))}
+    envs = {"server": env}
     if args.baseline_tree is not None:
         # PYTHONSAFEPATH: the working directory (this tree) must not come before the baseline on sys.path.
-        base_env = {**env, "PYTHONPATH": str(args.baseline_tree.resolve()), "PYTHONSAFEPATH": "1"}
-        servers["before"] = (EncoderServer(model, env=base_env), ["json", "push"])
+        envs["before"] = {**env, "PYTHONPATH": str(args.baseline_tree.resolve()), "PYTHONSAFEPATH": "1"}
+    modes = args.modes.split(",")
     ceiling = Ceiling(model, args.device)
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {"ceiling": {}}
-    try:
-        for server, _ in servers.values():
-            server.start()
-        for name, (server, modes) in servers.items():
-            for mode in modes:
-                server_run(server, mode, uris, 4, 16)  # warm-up
-        # Who runs first rotates from one (round, concurrency) point to the next, as in the peer
-        # bench: with a fixed order a drift within a round always hit the same side.
-        sides = ["ceiling", *[(name, mode) for name, (_, modes) in servers.items() for mode in modes]]
-        for r in range(args.rounds):
-            for i, c in enumerate(args.concurrency):
-                total = max(args.min_requests, c * args.requests_per_client)
-                for side in rotated(sides, r * len(args.concurrency) + i):
-                    if side == "ceiling":
-                        res = ceiling.run(c, total)
+    # Who runs first rotates from one (round, concurrency) point to the next, as in the peer
+    # bench: with a fixed order a drift within a round always hit the same side.
+    sides = ["ceiling", *[(name, mode) for name in envs for mode in modes]]
+    for session in range(args.restarts):
+        # Fresh server processes per session, started in the other order each time: one process
+        # can run the same forward 1-2 ms slower than another for its whole life (seen as a
+        # start-order effect in A/B runs), which a single pair of processes would pass off as
+        # the change.
+        order = list(envs) if session % 2 == 0 else list(reversed(envs))
+        servers = {name: EncoderServer(model, env=envs[name]) for name in order}
+        try:
+            for server in servers.values():
+                server.start()
+            for server in servers.values():
+                for mode in modes:
+                    server_run(server, mode, uris, 4, 16)  # warm-up
+            for r in range(session, args.rounds, args.restarts):
+                for i, c in enumerate(args.concurrency):
+                    total = max(args.min_requests, c * args.requests_per_client)
+                    for side in rotated(sides, r * len(args.concurrency) + i):
+                        if side == "ceiling":
+                            res = ceiling.run(c, total)
+                            res["loadavg_1m"] = os.getloadavg()[0]
+                            runs["ceiling"].setdefault(c, []).append(res)
+                            print(f"round {r} ceiling       c={c:3d} {res['images_per_s']:6.1f} img/s p50 {res['p50_ms']:7.1f} ms "
+                                  f"(batch {res['batch']}) load {res['loadavg_1m']:.1f}", flush=True)
+                            continue
+                        name, mode = side
+                        res = server_run(servers[name], mode, uris, c, total)
                         res["loadavg_1m"] = os.getloadavg()[0]
-                        runs["ceiling"].setdefault(c, []).append(res)
-                        print(f"round {r} ceiling       c={c:3d} {res['images_per_s']:6.1f} img/s p50 {res['p50_ms']:7.1f} ms "
-                              f"(batch {res['batch']}) load {res['loadavg_1m']:.1f}", flush=True)
-                        continue
-                    name, mode = side
-                    res = server_run(servers[name][0], mode, uris, c, total)
-                    res["loadavg_1m"] = os.getloadavg()[0]
-                    runs.setdefault(f"{name}-{mode}", {}).setdefault(c, []).append(res)
-                    print(f"round {r} {name + '-' + mode:13s} c={c:3d} {res['images_per_s']:6.1f} img/s p50 "
-                          f"{res['p50_ms']:7.1f} ms p99 {res['p99_ms']:7.1f} ms batch {res['mean_batch']:.2f} "
-                          f"errors {res['errors']} load {res['loadavg_1m']:.1f}", flush=True)
-    finally:
-        for server, _ in servers.values():
-            server.stop()
+                        res["session"] = session
+                        runs.setdefault(f"{name}-{mode}", {}).setdefault(c, []).append(res)
+                        print(f"round {r} {name + '-' + mode:13s} c={c:3d} {res['images_per_s']:6.1f} img/s p50 "
+                              f"{res['p50_ms']:7.1f} ms p99 {res['p99_ms']:7.1f} ms batch {res['mean_batch']:.2f} "
+                              f"errors {res['errors']} load {res['loadavg_1m']:.1f}", flush=True)
+        finally:
+            for server in servers.values():
+                server.stop()
     data: dict[str, Any] = {"model": f"{args.arch}-moderate", "device": args.device, "machine": machine(),
                             "max_batch_size": MAX_BATCH, "torch_threads": args.threads or "default",
-                            "rounds": args.rounds, "runs": runs}
+                            "rounds": args.rounds, "restarts": args.restarts, "runs": runs}
     data["summary"] = summarize(runs)
     for key, value in data["summary"]["goals"].items():
         print(f"{key}: {value['median']:.2f} ({value['min']:.2f} .. {value['max']:.2f})")
+    for mode, change in data["summary"]["change_vs_baseline"].items():
+        p50, cpu = change["p50_ms_c1"], change["server_cpu_ms_per_request_c1"]
+        print(f"{mode}: server minus baseline at c=1 over {change['rounds']} rounds: p50 {p50['median']:+.2f} ms "
+              f"(quartiles {p50['q1']:+.2f} .. {p50['q3']:+.2f}), server CPU per request {cpu['median']:+.2f} ms")
     name = args.out or f"core_{args.device}"
     write_json(name, data)
     plot(data, Path(__file__).resolve().parent / "results" / f"{name}.png")
