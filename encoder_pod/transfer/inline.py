@@ -15,10 +15,11 @@ of one answer, chosen by the request's ``Accept`` header (:mod:`encoder_pod.api.
 This module alone builds and renders those bodies. In between it is an :class:`InlineAnswer`: the
 body's small fields (``meta``) and the raw tensor bytes (``data``, a view of the tensor), which
 cross the data-parallel boundary as a frame of their own and are never copied into a JSON or
-msgpack value. Only the JSON rendering is CPU work (base64): it runs on a thread, in slices of
-about a megabyte, so the thread gives the GIL back between them and the loop that waits stays
-responsive (a multi-megabyte answer never stalls ``/health``). The binary renderings pack a
-small header and hand the tensor's memory on as it is.
+msgpack value. Only the JSON rendering is CPU work (base64, with pybase64): a large one runs on
+a thread, in slices of about a megabyte, so the thread gives the GIL back between them and the
+loop that waits stays responsive (a multi-megabyte answer never stalls ``/health``); a small one
+is rendered on the loop (``encoder_pod.api.answers.LOOP_JSON_BYTES``). The binary renderings pack
+a small header and hand the tensor's memory on as it is.
 """
 
 from __future__ import annotations
