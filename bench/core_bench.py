@@ -31,8 +31,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -100,6 +103,53 @@ def ceiling(model: Path, concurrency: int, images: int, max_batch: int, device: 
     return Ceiling(model, device, max_batch).run(concurrency, images)
 
 
+class CeilingProcess:
+    """A :class:`Ceiling` in a fresh process of its own, started with each session's servers.
+
+    A process runs the same forward up to 1-2 ms faster or slower than another for its whole life.
+    A ceiling kept in the bench process for the whole run is one such draw, and it shifted every
+    overhead of the run alike; a ceiling per session is drawn as often as the servers are.
+    """
+
+    def __init__(self, model: Path, device: str, threads: int) -> None:
+        cmd = [sys.executable, "-m", "bench.core_bench", "--ceiling-worker", str(model), "--device", device,
+               "--threads", str(threads)]
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._call({"ready": True})
+
+    def _call(self, message: dict[str, Any]) -> dict[str, Any]:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(json.dumps(message) + "\n")
+        self._proc.stdin.flush()
+        line = self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the ceiling process exited with {self._proc.wait()}")
+        return json.loads(line)
+
+    def run(self, concurrency: int, images: int) -> dict[str, Any]:
+        """As :meth:`Ceiling.run`, in the ceiling's process."""
+        return self._call({"concurrency": concurrency, "images": images})
+
+    def stop(self) -> None:
+        """End the process (its stdin closes)."""
+        assert self._proc.stdin is not None
+        self._proc.stdin.close()
+        self._proc.wait(timeout=60)
+
+
+def _ceiling_worker(model: Path, device: str, threads: int) -> None:
+    """The :class:`CeilingProcess` side: one JSON request a line on stdin, one JSON answer a line on stdout."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    ceiling = Ceiling(model, device)
+    for line in sys.stdin:
+        message = json.loads(line)
+        answer = {"ready": True} if message.get("ready") else ceiling.run(message["concurrency"], message["images"])
+        print(json.dumps(answer), flush=True)
+
+
 def _body_for(mode: str, uris: list[str], prefix: str, port: int | None) -> Callable[[int], dict[str, Any]]:
     def body(n: int) -> dict[str, Any]:
         out: dict[str, Any] = {"req_id": f"{prefix}-{n}", "modality": "IMAGE", "mm_items": [uris[n % len(uris)]]}
@@ -131,8 +181,14 @@ async def _server_run(base_url: str, mode: str, uris: list[str], concurrency: in
     )
 
 
-def _batch_stats(server: Any) -> tuple[float, float]:
-    return server.metric("encoder_batch_size_sum"), server.metric("encoder_batch_size_count")
+COMPUTE_STAGES = ("encoder_decode_seconds_sum", "encoder_preprocess_seconds_sum", "encoder_forward_seconds_sum")
+"""The server's timed compute (decode and measure, processor, forward and slicing): what the ceiling does."""
+
+
+def _batch_stats(server: Any) -> tuple[float, float, float]:
+    """(batch size sum, batches, compute seconds) so far."""
+    return (server.metric("encoder_batch_size_sum"), server.metric("encoder_batch_size_count"),
+            sum(server.metric(name) for name in COMPUTE_STAGES))
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -148,8 +204,8 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def server_run(server: Any, mode: str, uris: list[str], concurrency: int, total: int) -> dict[str, Any]:
-    """One closed-loop run against ``server``; adds the mean batch size the server formed meanwhile
-    and the server process's CPU time per request."""
+    """One closed-loop run against ``server``; adds the mean batch size the server formed meanwhile,
+    the server process's CPU time per request and its compute time per batch (its stage metrics)."""
     before = _batch_stats(server)
     cpu = _cpu_seconds(server.proc.pid)
     result = asyncio.run(_server_run(server.base_url, mode, uris, concurrency, total))
@@ -157,11 +213,16 @@ def server_run(server: Any, mode: str, uris: list[str], concurrency: int, total:
     after = _batch_stats(server)
     batches = after[1] - before[1]
     result["mean_batch"] = (after[0] - before[0]) / batches if batches else float("nan")
+    result["compute_ms_per_batch"] = (after[2] - before[2]) / batches * 1e3 if batches else float("nan")
     return result
 
 
 def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    """Median, range and (from two values on) quartiles."""
+    out = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    if len(values) >= 2:
+        out["q1"], _, out["q3"] = statistics.quantiles(values, n=4)
+    return out
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> dict[str, float]:
@@ -179,8 +240,7 @@ def _change(runs: dict[str, dict[int, list[dict[str, Any]]]]) -> dict[str, Any]:
             continue
         p50 = [s["p50_ms"] - b["p50_ms"] for s, b in paired]
         cpu = [s["server_cpu_ms_per_request"] - b["server_cpu_ms_per_request"] for s, b in paired]
-        quartiles = statistics.quantiles(p50, n=4)
-        out[side[7:]] = {"p50_ms_c1": {**_spread(p50), "q1": quartiles[0], "q3": quartiles[2]},
+        out[side[7:]] = {"p50_ms_c1": _spread(p50),
                          "server_cpu_ms_per_request_c1": _spread(cpu), "rounds": len(paired)}
     return out
 
@@ -198,12 +258,20 @@ def summarize(runs: dict[str, dict[int, list[dict[str, Any]]]]) -> dict[str, Any
             continue
         paired = list(zip(levels.get(1, []), ceiling.get(1, [])))
         if paired:
-            overhead = [s["p50_ms"] - c["p50_ms"] for s, c in paired]
-            goals[f"{side}_p50_overhead_ms_c1"] = {"median": statistics.median(overhead), "min": min(overhead), "max": max(overhead)}
+            goals[f"{side}_p50_overhead_ms_c1"] = _spread([s["p50_ms"] - c["p50_ms"] for s, c in paired])
+            # The same overhead with each side's own compute taken out: the server's p50 minus its
+            # mean compute per request (its stage metrics), against the ceiling's p50 minus its mean
+            # batch. What the serving adds, whichever process happens to run the forward faster.
+            timed = [(s, c) for s, c in paired if "compute_ms_per_batch" in s]
+            if timed:
+                goals[f"{side}_p50_over_own_compute_ms_c1"] = _spread(
+                    [(s["p50_ms"] - s["compute_ms_per_batch"]) - (c["p50_ms"] - c["mean_ms"]) for s, c in timed])
+                goals[f"{side}_compute_minus_ceiling_ms_c1"] = _spread(
+                    [s["compute_ms_per_batch"] - c["mean_ms"] for s, c in timed])
         for c in (4, 16, 64):
             ratios = [s["images_per_s"] / q["images_per_s"] for s, q in zip(levels.get(c, []), ceiling.get(c, []))]
             if ratios:
-                goals[f"{side}_throughput_ratio_c{c}"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+                goals[f"{side}_throughput_ratio_c{c}"] = _spread(ratios)
     return {"table": table, "goals": goals, "change_vs_baseline": _change(runs)}
 
 
@@ -255,7 +323,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads of the servers and the ceiling (default 1 on cpu, 0 = torch's default): "
                              "on a shared 2-core machine a 2-thread OpenMP pool stalls whenever another job holds a core")
+    parser.add_argument("--ceiling-worker", type=Path, default=None, help=argparse.SUPPRESS)  # CeilingProcess's child
     args = parser.parse_args()
+    if args.ceiling_worker is not None:
+        _ceiling_worker(args.ceiling_worker, args.device, args.threads or 0)
+        return
     from tests.support.server import EncoderServer
 
     if args.threads is None:
@@ -265,9 +337,6 @@ def main() -> None:
     env = {"ENCODER_MAX_BATCH_SIZE": str(MAX_BATCH), "ENCODER_DEVICE": args.device, "ENCODER_MAX_QUEUE": "4096",
            "ENCODER_WIRE_FORMAT": "encoderpool"}
     if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)  # the ceiling runs in this process
         env.update({"ENCODER_NUM_THREADS": str(args.threads), "OMP_NUM_THREADS": str(args.threads),
                     "MKL_NUM_THREADS": str(args.threads)})
     envs = {"server": env}
@@ -275,7 +344,6 @@ def main() -> None:
         # PYTHONSAFEPATH: the working directory (this tree) must not come before the baseline on sys.path.
         envs["before"] = {**env, "PYTHONPATH": str(args.baseline_tree.resolve()), "PYTHONSAFEPATH": "1"}
     modes = args.modes.split(",")
-    ceiling = Ceiling(model, args.device)
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {"ceiling": {}}
     # Who runs first rotates from one (round, concurrency) point to the next, as in the peer
     # bench: with a fixed order a drift within a round always hit the same side.
@@ -287,9 +355,11 @@ def main() -> None:
         # the change.
         order = list(envs) if session % 2 == 0 else list(reversed(envs))
         servers = {name: EncoderServer(model, env=envs[name]) for name in order}
+        ceiling: CeilingProcess | None = None
         try:
             for server in servers.values():
                 server.start()
+            ceiling = CeilingProcess(model, args.device, args.threads)
             for server in servers.values():
                 for mode in modes:
                     server_run(server, mode, uris, 4, 16)  # warm-up
@@ -300,6 +370,7 @@ def main() -> None:
                         if side == "ceiling":
                             res = ceiling.run(c, total)
                             res["loadavg_1m"] = os.getloadavg()[0]
+                            res["session"] = session
                             runs["ceiling"].setdefault(c, []).append(res)
                             print(f"round {r} ceiling       c={c:3d} {res['images_per_s']:6.1f} img/s p50 {res['p50_ms']:7.1f} ms "
                                   f"(batch {res['batch']}) load {res['loadavg_1m']:.1f}", flush=True)
@@ -313,6 +384,8 @@ def main() -> None:
                               f"{res['p50_ms']:7.1f} ms p99 {res['p99_ms']:7.1f} ms batch {res['mean_batch']:.2f} "
                               f"errors {res['errors']} load {res['loadavg_1m']:.1f}", flush=True)
         finally:
+            if ceiling is not None:
+                ceiling.stop()
             for server in servers.values():
                 server.stop()
     data: dict[str, Any] = {"model": f"{args.arch}-moderate", "device": args.device, "machine": machine(),
@@ -320,7 +393,8 @@ def main() -> None:
                             "rounds": args.rounds, "restarts": args.restarts, "runs": runs}
     data["summary"] = summarize(runs)
     for key, value in data["summary"]["goals"].items():
-        print(f"{key}: {value['median']:.2f} ({value['min']:.2f} .. {value['max']:.2f})")
+        quartiles = f", quartiles {value['q1']:.2f} .. {value['q3']:.2f}" if "q1" in value else ""
+        print(f"{key}: {value['median']:.2f} ({value['min']:.2f} .. {value['max']:.2f}{quartiles})")
     for mode, change in data["summary"]["change_vs_baseline"].items():
         p50, cpu = change["p50_ms_c1"], change["server_cpu_ms_per_request_c1"]
         print(f"{mode}: server minus baseline at c=1 over {change['rounds']} rounds: p50 {p50['median']:+.2f} ms "
