@@ -25,7 +25,7 @@ from encoder_pod.api.json_body import SMALL_BODY, parse_large
 from encoder_pod.api.lifecycle import DrainGate, Lifecycle
 from encoder_pod.api.openapi import ENCODE_OPENAPI
 from encoder_pod.errors import EncoderError, InvalidRequest, PayloadTooLarge
-from encoder_pod.json_limits import JsonTooDeep, may_nest_deeper
+from encoder_pod.json_limits import MAX_DEPTH, JsonTooDeep, nesting_over
 from encoder_pod.metrics import EdgeMetrics
 from encoder_pod.offload import Offload, freeze_startup_objects
 from encoder_pod.settings import EncoderSettings
@@ -37,6 +37,10 @@ CONTROL_BODY_LIMIT = 64 * 1024
 """Largest body of the small control endpoints (registration, profiling)."""
 CONTROL_LIMIT_NAME = "the 64 KiB limit of control routes, not a setting"
 """How a control route's 413 names its limit."""
+
+LOOP_WALK = 1024
+"""Arrays and objects of a small body whose depth is checked on the loop (an /encode body has a
+handful); a body with more is parsed again, depth-counting, on an offload thread."""
 
 STOP_GRACE_S = 2.0
 """After the drain: how long forwards still running (their callers already answered) may take."""
@@ -62,10 +66,22 @@ async def _read_bytes(request: Request, limit: int, limit_name: str) -> list[byt
 
 
 async def _parse(chunks: list[bytes], offload: Offload) -> Any:
-    """The JSON value of a body read by :func:`_read_bytes`; a large one is parsed on an offload thread."""
+    """The JSON value of a body read by :func:`_read_bytes`; a large one is parsed on an offload thread.
+
+    A small body is parsed on the loop and its depth checked there (:func:`nesting_over`, a walk
+    of at most :data:`LOOP_WALK` arrays and objects); one found too deep, nested beyond what
+    ``json.loads`` recurses into, or with too many arrays and objects to walk here, goes to the
+    depth-counting parser off the loop, which names the level too deep.
+    """
     try:
-        if sum(map(len, chunks)) <= SMALL_BODY and not may_nest_deeper(data := b"".join(chunks)):
-            return json.loads(data)
+        if sum(map(len, chunks)) <= SMALL_BODY:
+            try:
+                value = json.loads(b"".join(chunks))
+            except RecursionError:
+                pass
+            else:
+                if nesting_over(value, MAX_DEPTH, most=LOOP_WALK) is False:
+                    return value
         return await offload.run(parse_large, chunks)  # depth-counting; off the loop
     except JsonTooDeep as exc:
         raise InvalidRequest(f"body is refused: {exc}") from None

@@ -64,10 +64,16 @@ def _header(body: Any, data_key: str) -> tuple[WireHeader, Any]:
 
 def _json_answer(body: bytes) -> tuple[WireHeader, bytes]:
     try:
-        # Bounded nesting (json_limits); orjson for the common case that cannot nest too deep.
-        value = json_limits.loads(body) if json_limits.may_nest_deeper(body) else orjson.loads(body)
-    except ValueError as exc:  # orjson's and the standard library's decode errors, JsonTooDeep
-        raise MalformedMessage(f"answer is not JSON ({exc})") from None
+        # orjson, then the nesting bound on the value (json_limits); anything orjson refuses or that
+        # nests too deep is read again by json_limits.loads, whose errors name the reason.
+        value = orjson.loads(body)
+        if json_limits.nesting_over(value) is not False:
+            raise ValueError("nested too deep")
+    except ValueError:
+        try:
+            value = json_limits.loads(body)
+        except ValueError as exc:  # the standard library's decode errors, JsonTooDeep
+            raise MalformedMessage(f"answer is not JSON ({exc})") from None
     header, data = _header(value, "data")
     if value["embedding"].get("encoding") != "base64" or not isinstance(data, str):
         raise MalformedMessage("JSON answer's embedding is not base64 text", req_id=header.req_id)

@@ -1,12 +1,17 @@
-"""Large bodies are parsed off the loop in slices, to exactly what json.loads gives."""
+"""Bodies parsed to exactly what json.loads gives: small ones on the loop, large or busy ones off it in slices."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
+from encoder_pod.api.http_server import LOOP_WALK, _parse
 from encoder_pod.api.json_body import SCAN_SLICE, SEND_CHUNK, PiecesResponse, parse_large
+from encoder_pod.errors import InvalidRequest
+from encoder_pod.json_limits import MAX_DEPTH
+from encoder_pod.offload import Offload
 
 pytestmark = pytest.mark.unit
 
@@ -73,3 +78,41 @@ def test_a_body_goes_out_in_few_messages_and_unchanged():
     out = sent(big)
     assert b"".join(body for body, _ in out) == b"".join(big) and [more for _, more in out] == [True, True, False]
     assert sent([]) == [(b"", False)]
+
+
+class _CountingOffload(Offload):
+    """The real offload threads, counting what was sent to them."""
+
+    def __init__(self) -> None:
+        super().__init__(name="test-offload")
+        self.calls: list[str] = []
+
+    async def run(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.calls.append(fn.__name__)
+        return await super().run(fn, *args, **kwargs)
+
+
+def _parse_small(text: str) -> tuple[object, list[str]]:
+    offload = _CountingOffload()
+    try:
+        return asyncio.run(_parse([text.encode()], offload)), offload.calls
+    finally:
+        offload.close()
+
+
+def test_a_small_body_is_parsed_on_the_loop_and_its_depth_checked_there():
+    body = {"req_id": "r", "modality": "IMAGE", "mm_items": ["data:image/png;base64," + "A" * 100_000,
+                                                             {"url": "x"}], "extra": [[{"a": [1]}]]}
+    assert _parse_small(json.dumps(body)) == (body, [])
+
+
+def test_a_small_body_with_too_many_containers_to_walk_on_the_loop_is_parsed_off_it_to_the_same_value():
+    text = json.dumps({"mm_items": [[] for _ in range(LOOP_WALK + 1)]})
+    value, calls = _parse_small(text)
+    assert value == json.loads(text) and calls == ["parse_large"]
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 100_000])
+def test_a_small_body_nested_too_deep_is_a_400_naming_the_limit(depth):
+    with pytest.raises(InvalidRequest, match=f"deeper than {MAX_DEPTH} levels \\(the limit\\)"):
+        _parse_small('{"mm_items": ' + "[" * depth + "]" * depth + "}")

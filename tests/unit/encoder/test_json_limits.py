@@ -7,7 +7,7 @@ import json
 import pytest
 
 from encoder_pod.api.json_body import parse_large
-from encoder_pod.json_limits import MAX_DEPTH, JsonTooDeep, loads, may_nest_deeper
+from encoder_pod.json_limits import MAX_DEPTH, JsonTooDeep, loads, nesting_over
 
 pytestmark = pytest.mark.unit
 
@@ -47,9 +47,22 @@ def test_deeper_than_the_bound_is_refused_naming_it(text):
         assert isinstance(info.value, ValueError)
 
 
-def test_the_count_only_lets_through_what_cannot_be_too_deep():
-    assert not may_nest_deeper(nested(MAX_DEPTH)) and not may_nest_deeper(b"{}" * MAX_DEPTH)
-    assert may_nest_deeper("[" * (MAX_DEPTH + 1)) and may_nest_deeper(b"[]" * (MAX_DEPTH + 1))
+def test_the_walk_measures_depth_as_the_bounded_parser_does():
+    for opener in "[{":
+        assert nesting_over(json.loads(nested(MAX_DEPTH, opener))) is False
+        assert nesting_over(json.loads(nested(MAX_DEPTH + 1, opener))) is True
+    assert nesting_over(json.loads(nested(3)), limit=2) is True and nesting_over(json.loads(nested(2)), limit=2) is False
+    # The deep branch is the last of many siblings, and deep inside an object's value.
+    late = {"a": [[] for _ in range(100)] + [json.loads(nested(MAX_DEPTH))]}
+    assert nesting_over(late) is True
+    assert nesting_over("a string", limit=0) is False and nesting_over(7) is False
+
+
+def test_a_bounded_walk_gives_up_on_too_many_containers_and_says_so():
+    wide = [[] for _ in range(2000)]
+    assert nesting_over(wide) is False
+    assert nesting_over(wide, most=1000) is None
+    assert nesting_over(wide, most=2001) is False
 
 
 def test_errors_other_than_depth_are_json_loads_errors():
