@@ -158,6 +158,14 @@ class BatchScheduler:
         parts = await asyncio.get_running_loop().run_in_executor(self.model_exec, self._forward, prepared)
         return parts[0]
 
+    def _nudge(self) -> None:
+        """Tell the former that the runner changed (the slot ahead of the model, when it is free),
+        if any request waits to be formed: with none, the former has nothing to look at, and an
+        arrival wakes it anyway (:meth:`submit`). At concurrency 1 this spares the loop a turn of
+        the former per request, each one taken while the model thread waits for the GIL."""
+        if self.depth:
+            self._wake.set()
+
     # --- stage 1: forming and preprocessing -----------------------------------------------
     async def _sleep(self, timeout: float | None) -> None:
         """Until something changes (an arrival, the runner) or ``timeout`` seconds (None: no limit)."""
@@ -303,9 +311,9 @@ class BatchScheduler:
         while True:
             if self._prepared.empty():
                 self._free_at = -math.inf  # idle: the next batch is due as soon as it exists
-                self._wake.set()
+                self._nudge()
             entries, prepared = await self._prepared.get()
-            self._wake.set()  # the slot ahead of the model is free again
+            self._nudge()  # the slot ahead of the model is free again
             self._running = entries
             await self._run_stage(loop, entries, prepared)
             self._running = []  # not on cancellation: stop() fails what was left running
@@ -350,7 +358,7 @@ class BatchScheduler:
         # Not decoded yet: busy for an unknown time, until the model thread tells (_decode_alone).
         known = all(e.decoded for e in entries)
         self._free_at = self._pacing.forward_end(time.monotonic() + ahead, tokens) if known else math.inf
-        self._wake.set()
+        self._nudge()
         if prepared is None:
             await loop.run_in_executor(self.model_exec, self._preprocess_and_forward, entries)
         else:
