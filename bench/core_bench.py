@@ -22,7 +22,10 @@ p50 at concurrency 1 minus the baseline's in the same mode, and the server proce
 request (from /proc) minus the baseline's. A short A/B of a change at concurrency 1 is
 ``--concurrency 1 --min-requests 20 --rounds 32 --restarts 8``: with ``--restarts`` the rounds
 are spread over fresh pairs of server processes, started in alternating order (a pair that lives
-for the whole run lets one process's speed pass for the change's). Run with ``make bench`` (or ``python -m
+for the whole run lets one process's speed pass for the change's). The ceiling too runs in a fresh
+process per session (:class:`CeilingProcess`). ``--lockstep STEPS`` adds, per session, concurrency
+1 measured one request of each side at a time (:mod:`bench.paired`): the reading that a machine
+whose speed drifts from second to second cannot move. Run with ``make bench`` (or ``python -m
 bench.core_bench``); writes bench/results/core_<device>.json and .png.
 """
 
@@ -43,6 +46,7 @@ from typing import Any, Callable
 
 from bench.common import checkpoint, jpeg_uri, machine, summary, write_json
 from bench.loadgen import Answer, run_load
+from bench.paired import lockstep, summarize_lockstep
 from bench.peers.rounds import rotated
 
 CONCURRENCY = (1, 4, 16, 64)
@@ -97,6 +101,15 @@ class Ceiling:
         """Throughput with batches of min(concurrency, MAX_BATCH) images; p50 is per batch."""
         return self._thread.submit(self._run, concurrency, images).result()
 
+    def one(self, index: int) -> float:
+        """Seconds to encode test image ``index`` alone (on the model thread, as :meth:`run`)."""
+        def timed() -> float:
+            start = time.perf_counter()
+            self._one_batch(index, 1)
+            return time.perf_counter() - start
+
+        return self._thread.submit(timed).result()
+
 
 def ceiling(model: Path, concurrency: int, images: int, max_batch: int, device: str) -> dict[str, Any]:
     """In-process throughput with batches of min(concurrency, max_batch) images (a :class:`Ceiling` run)."""
@@ -130,6 +143,10 @@ class CeilingProcess:
         """As :meth:`Ceiling.run`, in the ceiling's process."""
         return self._call({"concurrency": concurrency, "images": images})
 
+    def one(self, index: int) -> float:
+        """Seconds to encode test image ``index`` alone, timed in the ceiling's process (bench.paired)."""
+        return float(self._call({"one": index})["seconds"])
+
     def stop(self) -> None:
         """End the process (its stdin closes)."""
         assert self._proc.stdin is not None
@@ -146,7 +163,12 @@ def _ceiling_worker(model: Path, device: str, threads: int) -> None:
     ceiling = Ceiling(model, device)
     for line in sys.stdin:
         message = json.loads(line)
-        answer = {"ready": True} if message.get("ready") else ceiling.run(message["concurrency"], message["images"])
+        if message.get("ready"):
+            answer: dict[str, Any] = {"ready": True}
+        elif "one" in message:
+            answer = {"seconds": ceiling.one(message["one"])}
+        else:
+            answer = ceiling.run(message["concurrency"], message["images"])
         print(json.dumps(answer), flush=True)
 
 
@@ -295,9 +317,18 @@ def plot(data: dict[str, Any], path: Path) -> None:
     meds = [goals[f"{s}_p50_overhead_ms_c1"]["median"] for s in sides]
     lows = [m - goals[f"{s}_p50_overhead_ms_c1"]["min"] for s, m in zip(sides, meds)]
     highs = [goals[f"{s}_p50_overhead_ms_c1"]["max"] - m for s, m in zip(sides, meds)]
-    if not sides:  # no concurrency-1 runs
+    steps = data.get("lockstep", {}).get("summary", {})
+    paired = [key[: -len("_overhead_ms")] for key in steps if key.endswith("_overhead_ms")]
+    if not sides and not paired:  # no concurrency-1 runs
         b.set_visible(False)
-    b.bar(sides, meds, yerr=[lows, highs], capsize=4)
+    if sides:
+        b.bar(sides, meds, yerr=[lows, highs], capsize=4, label="rounds: median (range)")
+    if paired:
+        pmeds = [steps[f"{s}_overhead_ms"]["median"] for s in paired]
+        b.bar([f"{s}\nlockstep" for s in paired], pmeds, capsize=4, hatch="//", label="lockstep: median (quartiles)",
+              yerr=[[m - steps[f"{s}_overhead_ms"]["q1"] for s, m in zip(paired, pmeds)],
+                    [steps[f"{s}_overhead_ms"]["q3"] - m for s, m in zip(paired, pmeds)]])
+        b.legend(fontsize=8)
     b.set(ylabel="ms", title="p50 at concurrency 1 minus the in-process encode")
     b.tick_params(axis="x", labelrotation=20)
     b.grid(True, axis="y", alpha=0.3)
@@ -323,6 +354,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads of the servers and the ceiling (default 1 on cpu, 0 = torch's default): "
                              "on a shared 2-core machine a 2-thread OpenMP pool stalls whenever another job holds a core")
+    parser.add_argument("--lockstep", type=int, default=0, metavar="STEPS",
+                        help="also measure concurrency 1 in lockstep (bench/paired.py), STEPS steps per session")
     parser.add_argument("--ceiling-worker", type=Path, default=None, help=argparse.SUPPRESS)  # CeilingProcess's child
     args = parser.parse_args()
     if args.ceiling_worker is not None:
@@ -345,6 +378,7 @@ def main() -> None:
         envs["before"] = {**env, "PYTHONPATH": str(args.baseline_tree.resolve()), "PYTHONSAFEPATH": "1"}
     modes = args.modes.split(",")
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {"ceiling": {}}
+    lockstep_sessions: list[dict[str, list[float]]] = []
     # Who runs first rotates from one (round, concurrency) point to the next, as in the peer
     # bench: with a fixed order a drift within a round always hit the same side.
     sides = ["ceiling", *[(name, mode) for name in envs for mode in modes]]
@@ -383,6 +417,12 @@ def main() -> None:
                         print(f"round {r} {name + '-' + mode:13s} c={c:3d} {res['images_per_s']:6.1f} img/s p50 "
                               f"{res['p50_ms']:7.1f} ms p99 {res['p99_ms']:7.1f} ms batch {res['mean_batch']:.2f} "
                               f"errors {res['errors']} load {res['loadavg_1m']:.1f}", flush=True)
+            if args.lockstep:
+                steps = asyncio.run(lockstep({name: server.base_url for name, server in servers.items()}, modes, ceiling,
+                                             uris, args.lockstep, first=session))
+                lockstep_sessions.append(steps)
+                print(f"session {session} lockstep: " + ", ".join(
+                    f"{side} p50 {statistics.median(v):.1f} ms" for side, v in steps.items()), flush=True)
         finally:
             if ceiling is not None:
                 ceiling.stop()
@@ -392,6 +432,11 @@ def main() -> None:
                             "max_batch_size": MAX_BATCH, "torch_threads": args.threads or "default",
                             "rounds": args.rounds, "restarts": args.restarts, "runs": runs}
     data["summary"] = summarize(runs)
+    if lockstep_sessions:
+        data["lockstep"] = {"sessions": lockstep_sessions, "summary": summarize_lockstep(lockstep_sessions)}
+        for key, value in data["lockstep"]["summary"].items():
+            if key.endswith("_overhead_ms"):
+                print(f"lockstep {key}: {value['median']:.2f} (quartiles {value['q1']:.2f} .. {value['q3']:.2f})")
     for key, value in data["summary"]["goals"].items():
         quartiles = f", quartiles {value['q1']:.2f} .. {value['q3']:.2f}" if "q1" in value else ""
         print(f"{key}: {value['median']:.2f} ({value['min']:.2f} .. {value['max']:.2f}{quartiles})")

@@ -79,7 +79,8 @@ class BatchScheduler:
         self._free_at = -math.inf
         """When the model should be free: -inf idle, inf while a forward of unknown length runs."""
         self._wake = asyncio.Event()
-        """Set on every arrival and every change of the runner: the former looks again."""
+        """Set on every arrival, and on every change of the runner while requests wait (:meth:`_nudge`):
+        the former looks again."""
         self._pre_exec = ThreadPoolExecutor(1, thread_name_prefix="preprocess")
         self.model_exec = ThreadPoolExecutor(1, thread_name_prefix="model")
         self._tasks: list[asyncio.Task[None]] = []
