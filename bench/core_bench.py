@@ -305,14 +305,19 @@ def plot(data: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     table, goals = data["summary"]["table"], data["summary"]["goals"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for side, levels in table.items():
-        conc = sorted(int(c) for c in levels)
-        style = "s--" if side == "ceiling" else (":" if side.startswith("before") else "-")
-        a.plot(conc, [levels[str(c)]["images_per_s"]["median"] for c in conc], style if "s" in style else "o" + style, label=side)
-    a.set(xscale="log", xlabel="concurrency", ylabel="images/s (median round)", title="throughput")
-    a.grid(True, alpha=0.3)
-    a.legend(fontsize=8)
+    if any(table.values()):
+        fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    else:  # a lockstep-only run (--rounds 0): no throughput
+        fig, b = plt.subplots(1, 1, figsize=(7, 4))
+        a = None
+    if a is not None:
+        for side, levels in table.items():
+            conc = sorted(int(c) for c in levels)
+            style = "s--" if side == "ceiling" else (":" if side.startswith("before") else "-")
+            a.plot(conc, [levels[str(c)]["images_per_s"]["median"] for c in conc], style if "s" in style else "o" + style, label=side)
+        a.set(xscale="log", xlabel="concurrency", ylabel="images/s (median round)", title="throughput")
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize=8)
     sides = [s for s in table if f"{s}_p50_overhead_ms_c1" in goals]
     meds = [goals[f"{s}_p50_overhead_ms_c1"]["median"] for s in sides]
     lows = [m - goals[f"{s}_p50_overhead_ms_c1"]["min"] for s, m in zip(sides, meds)]
@@ -332,7 +337,10 @@ def plot(data: dict[str, Any], path: Path) -> None:
     b.set(ylabel="ms", title="p50 at concurrency 1 minus the in-process encode")
     b.tick_params(axis="x", labelrotation=20)
     b.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(f"encoder core, {data['model']} on {data['device']} ({data['rounds']} rounds, median; bars: range)")
+    how = [f"{data['rounds']} rounds"] if data["rounds"] else []
+    if steps:
+        how.append(f"lockstep: {data['lockstep']['summary']['steps']} steps over {len(data['lockstep']['sessions'])} sessions")
+    fig.suptitle(f"encoder core, {data['model']} on {data['device']} ({', '.join(how)})")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -348,14 +356,14 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
     parser.add_argument("--out", default=None, help="results name (default core_<device>)")
     parser.add_argument("--baseline-tree", type=Path, default=None, help="source tree of the code to compare against")
-    parser.add_argument("--restarts", type=int, default=1,
+    parser.add_argument("--restarts", type=int, default=5,
                         help="server sessions the rounds are spread over, fresh processes each, started in the "
                              "other order each time (use several for an A/B with --baseline-tree)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads of the servers and the ceiling (default 1 on cpu, 0 = torch's default): "
                              "on a shared 2-core machine a 2-thread OpenMP pool stalls whenever another job holds a core")
-    parser.add_argument("--lockstep", type=int, default=0, metavar="STEPS",
-                        help="also measure concurrency 1 in lockstep (bench/paired.py), STEPS steps per session")
+    parser.add_argument("--lockstep", type=int, default=40, metavar="STEPS",
+                        help="also measure concurrency 1 in lockstep (bench/paired.py), STEPS steps per session (0: not)")
     parser.add_argument("--ceiling-worker", type=Path, default=None, help=argparse.SUPPRESS)  # CeilingProcess's child
     args = parser.parse_args()
     if args.ceiling_worker is not None:
@@ -428,7 +436,9 @@ def main() -> None:
                 ceiling.stop()
             for server in servers.values():
                 server.stop()
-    data: dict[str, Any] = {"model": f"{args.arch}-moderate", "device": args.device, "machine": machine(),
+    # machine()'s torch_threads is this process's, which runs no model any more: the sides' setting instead.
+    facts = {**machine(), "torch_threads": args.threads or "default"}
+    data: dict[str, Any] = {"model": f"{args.arch}-moderate", "device": args.device, "machine": facts,
                             "max_batch_size": MAX_BATCH, "torch_threads": args.threads or "default",
                             "rounds": args.rounds, "restarts": args.restarts, "runs": runs}
     data["summary"] = summarize(runs)
