@@ -45,15 +45,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.common import checkpoint, jpeg_uri, machine, summary, write_json
-from bench.loadgen import Answer, run_load
+from bench.loadgen import ACCEPT, Answer, image_bodies, run_load
 from bench.paired import lockstep, summarize_lockstep
 from bench.peers.rounds import rotated
 
 CONCURRENCY = (1, 4, 16, 64)
 MAX_BATCH = 8
-ACCEPT = {"json": None, "binary": "application/octet-stream"}
-
-
 class Ceiling:
     """The model in this process, on a thread of its own, running fixed batches back to back."""
 
@@ -172,16 +169,6 @@ def _ceiling_worker(model: Path, device: str, threads: int) -> None:
         print(json.dumps(answer), flush=True)
 
 
-def _body_for(mode: str, uris: list[str], prefix: str, port: int | None) -> Callable[[int], dict[str, Any]]:
-    def body(n: int) -> dict[str, Any]:
-        out: dict[str, Any] = {"req_id": f"{prefix}-{n}", "modality": "IMAGE", "mm_items": [uris[n % len(uris)]]}
-        if port is not None:
-            out.update(prefill_host="127.0.0.1", embedding_port=port)
-        return out
-
-    return body
-
-
 async def _server_run(base_url: str, mode: str, uris: list[str], concurrency: int, total: int) -> dict[str, Any]:
     from encoder_pod.receiver import AsyncEmbeddingReceiver, decode_answer
 
@@ -191,14 +178,14 @@ async def _server_run(base_url: str, mode: str, uris: list[str], concurrency: in
             async def received(n: int, answer: Answer) -> None:
                 (await rx.wait(f"{prefix}-{n}", timeout=120)).embedding()
 
-            return await run_load(base_url, _body_for(mode, uris, prefix, rx.port), concurrency, total, finish=received)
+            return await run_load(base_url, image_bodies(uris, prefix, rx.port), concurrency, total, finish=received)
 
     async def decoded(n: int, answer: Answer) -> None:
         decode_answer(answer.content_type, answer.body)
 
     accept = ACCEPT[mode]
     return await run_load(
-        base_url, _body_for(mode, uris, prefix, None), concurrency, total,
+        base_url, image_bodies(uris, prefix), concurrency, total,
         headers={"accept": accept} if accept else None, finish=decoded,
     )
 

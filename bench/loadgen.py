@@ -32,6 +32,22 @@ class Answer:
 
 Finish = Callable[[int, Answer], Awaitable[None]]
 
+ACCEPT = {"json": None, "binary": "application/octet-stream", "push": None}
+"""The ``Accept`` header of each way of asking the pod for an embedding (push: answered ``null``)."""
+
+
+def image_bodies(uris: list[str], prefix: str, push_port: int | None = None) -> BodyFor:
+    """Request ``n``'s ``/encode`` body: one IMAGE item (``uris`` in turn), ``req_id`` ``{prefix}-{n}``;
+    with ``push_port`` the embedding is pushed to a receiver on this host's port."""
+
+    def body(n: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"req_id": f"{prefix}-{n}", "modality": "IMAGE", "mm_items": [uris[n % len(uris)]]}
+        if push_port is not None:
+            out.update(prefill_host="127.0.0.1", embedding_port=push_port)
+        return out
+
+    return body
+
 
 async def _client(session: aiohttp.ClientSession, url: str, body_for: BodyFor, count: list[int], total: int,
                   out: list[float], errors: list[int], deadline: float, headers: dict[str, str], finish: Finish | None) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Awaitable, Callable, Protocol
 import aiohttp
 import orjson
 
+from bench.loadgen import ACCEPT, image_bodies
 from bench.peers.rounds import rotated
 
 Side = tuple[str, str]
@@ -45,13 +46,12 @@ async def _request_fn(stack: AsyncExitStack, base_url: str, mode: str, uris: lis
     session = await stack.enter_async_context(aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)))
     rx = await stack.enter_async_context(AsyncEmbeddingReceiver("127.0.0.1", 0)) if mode == "push" else None
     headers = {"content-type": "application/json"}
-    if mode == "binary":
-        headers["accept"] = "application/octet-stream"
+    if accept := ACCEPT[mode]:
+        headers["accept"] = accept
+    body_for = image_bodies(uris, prefix, rx.port if rx is not None else None)
 
     async def one(n: int) -> float:
-        body: dict[str, Any] = {"req_id": f"{prefix}-{n}", "modality": "IMAGE", "mm_items": [uris[n % len(uris)]]}
-        if rx is not None:
-            body.update(prefill_host="127.0.0.1", embedding_port=rx.port)
+        body = body_for(n)
         start = time.perf_counter()
         async with session.post(base_url + "/encode", data=orjson.dumps(body), headers=headers) as resp:
             status, content_type, data = resp.status, resp.headers.get("content-type"), await resp.read()
