@@ -1,29 +1,30 @@
-"""The operator's settings: one pydantic-settings class, parsed once at start.
+"""The operator's settings: one pydantic model, parsed once at start.
 
 Every field is an env var ``ENCODERPOOL_OPERATOR_<NAME>`` and a CLI flag ``--<name-with-dashes>``
-of ``encoderpool-operator``; the flag wins.
+of ``encoderpool-operator``; the flag wins. :func:`load_settings` reads the environment it is
+given (the process environment by default) once, and validates exactly those values: the model
+is a plain ``BaseModel``, not pydantic-settings' ``BaseSettings``, whose validation reads the
+process environment again behind the caller's back (so ``load_settings(env={})`` and
+``OperatorSettings.model_validate({})`` would not have been the defaults).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ENV_PREFIX = "ENCODERPOOL_OPERATOR_"
 
 
-class OperatorSettings(BaseSettings):
+class OperatorSettings(BaseModel):
     """Effective configuration of the operator process."""
 
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, case_sensitive=False, extra="ignore", env_ignore_empty=True, frozen=True
-    )
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    namespaces: Annotated[list[str], NoDecode] = Field(
+    namespaces: list[str] = Field(
         default_factory=list,
         description="Namespaces to watch, comma separated; empty = all namespaces (cluster-wide).",
     )
@@ -125,7 +126,7 @@ def _describe(err: Mapping[str, Any]) -> str:
 
 
 def load_settings(
-    cli: dict[str, Any] | None = None, env: dict[str, str] | None = None
+    cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
 ) -> OperatorSettings:
     """Parse ``ENCODERPOOL_OPERATOR_*`` env then CLI values on top; exit on a bad value."""
     environ = os.environ if env is None else env
@@ -136,7 +137,6 @@ def load_settings(
             values[name] = raw
     values.update({k: v for k, v in (cli or {}).items() if v is not None and k in OperatorSettings.model_fields})
     try:
-        # Explicit values only, so the process env is not read a second time behind our back.
-        return OperatorSettings.model_validate(values)
+        return OperatorSettings.model_validate(values)  # these values only: a plain model reads no environment
     except ValidationError as exc:
         raise SettingsError("\n".join(_describe(e) for e in exc.errors())) from None

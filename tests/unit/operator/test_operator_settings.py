@@ -69,3 +69,18 @@ def test_the_lease_identity_and_namespace(monkeypatch: pytest.MonkeyPatch) -> No
     assert lease_namespace(load_settings(env={"ENCODERPOOL_OPERATOR_LEASE_NAMESPACE": "ops"})) == "ops"
     monkeypatch.delenv("POD_NAMESPACE")
     assert lease_namespace(load_settings(env={"ENCODERPOOL_OPERATOR_NAMESPACES": "ml"})) == "ml"
+
+
+def test_the_environment_is_read_once_by_load_settings_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Values come from the env given to load_settings; validation never reads the process env again."""
+    monkeypatch.setenv("ENCODERPOOL_OPERATOR_RESYNC_SECONDS", "33")
+    monkeypatch.setenv("ENCODERPOOL_OPERATOR_DEFAULT_IMAGE", "from/process-env:1")
+    assert load_settings().resync_seconds == 33, "the process env is the default source"
+    given = load_settings(env={"ENCODERPOOL_OPERATOR_LOG_LEVEL": "debug"})
+    assert (given.resync_seconds, given.default_image, given.log_level) == (60, "encoderpool/encoder-pod:0.1.0-cuda", "debug")
+    assert OperatorSettings.model_validate({}) == load_settings(env={})
+
+
+def test_an_unknown_field_is_refused_by_the_model() -> None:
+    with pytest.raises(ValueError, match="resync_secs"):
+        OperatorSettings.model_validate({"resync_secs": 5})
