@@ -26,6 +26,7 @@ help:
 	@echo "make cluster - start a local control plane with fake GPU nodes (Ctrl-C stops it)"
 	@echo "make bench  - run the benchmarks, write bench/results/"
 	@echo "make kind-e2e - (needs Docker + kind) build the images, run the operator e2e tests on a kind cluster"
+	@echo "make lint   - import contracts, mypy and vulture on encoder_pod/ and operator/ (also run by make test)"
 
 $(UV):
 	@echo ">> installing uv $(UV_VERSION) into $(TOOLS)"
@@ -54,7 +55,7 @@ run: model
 control-plane:
 	@bash hack/build-control-plane.sh
 
-test: venv control-plane
+test: lint control-plane
 	bash hack/system-libs.sh
 	bash hack/run-tests.sh $(PYTEST_ARGS)
 

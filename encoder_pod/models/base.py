@@ -21,7 +21,7 @@ import torch
 
 from encoder_pod.errors import SliceMismatch
 from encoder_pod.modality import Modality
-from encoder_pod.models.family import Checkpoint, read_config
+from encoder_pod.models.checkpoint import Checkpoint, read_config
 from encoder_pod.models.hub import hub_origin
 from encoder_pod.models.parts import parameter_count
 from encoder_pod.models.weights import ReadReport

@@ -15,31 +15,18 @@ layouts loads each its own way.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
-if TYPE_CHECKING:
+# What discovery finds lives in its own module, which the adapters' base imports too (a
+# family -> base -> family cycle otherwise); re-exported here, where the families use it.
+from encoder_pod.models.checkpoint import Checkpoint, Layout, read_config
+
+if TYPE_CHECKING:  # the adapter classes import torch; discovery must not
     from encoder_pod.models.base import BaseAdapter
 
-
-class Layout(str, Enum):
-    """How a family's checkpoint is laid out on disk."""
-
-    TOWER = "tower"
-    """The encoder tower saved on its own (``save_pretrained`` of the vision or audio model)."""
-    FULL = "full"
-    """A whole multimodal checkpoint (language model included); the encoder side is read out of it."""
-
-
-def read_config(model_dir: Path) -> dict[str, Any]:
-    """The checkpoint's config.json as a dict (ValueError when it is not a JSON object)."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    if not isinstance(config, dict):
-        raise ValueError(f"{Path(model_dir) / 'config.json'} is not a JSON object")
-    return config
+__all__ = ("Checkpoint", "FamilyCode", "FamilyRegistry", "Layout", "LayoutRule", "ModelFamily", "read_config")
 
 
 @dataclass(frozen=True)
@@ -65,21 +52,6 @@ class LayoutRule:
             return True, None
         accepted = next((name for name in named if name in self.architectures), None)
         return accepted is not None, accepted
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """What discovery found in a checkpoint directory."""
-
-    path: Path
-    family: str
-    """The family's name (``make-tiny-model --arch``), e.g. ``qwen2_vl``."""
-    layout: Layout
-    model_type: str
-    architecture: str | None
-    """The class config.json names (one the family accepts), or None when it names none."""
-    config: Mapping[str, Any] = field(repr=False, compare=False)
-    """config.json as read."""
 
 
 @dataclass(frozen=True)

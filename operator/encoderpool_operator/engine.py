@@ -60,7 +60,6 @@ class Engine:
         self._slots: dict[Key, _Slot] = {}
         self._resync: asyncio.Task[None] | None = None
         self._cache_ready = asyncio.Event()
-        self.last_resync: datetime | None = None
 
     def cache_ready(self) -> None:
         """The watch cache has been filled once: the resync may run (kopf calls handlers only after that)."""
@@ -158,7 +157,6 @@ class Engine:
             await asyncio.sleep(self.settings.resync_seconds)
             await self._cache_ready.wait()
             visited = await self.resync_once()
-            self.last_resync = self._clock()
             log.debug("resync visited %d pools", visited)
 
     def start(self) -> None:

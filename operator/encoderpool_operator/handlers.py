@@ -37,7 +37,6 @@ WATCHED: dict[str, tuple[str, str, str]] = {
     "HorizontalPodAutoscaler": ("autoscaling", "v2", "horizontalpodautoscalers"),
     "Pod": ("", "v1", "pods"),
 }
-WATCHED_CHILDREN = tuple(WATCHED.values())
 FORBIDDEN_RETRY_SECONDS = 60.0
 
 

@@ -11,7 +11,6 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "EncoderPool"
 PLURAL = "encoderpools"
-SHORT_NAME = "encpool"
 
 OPERATOR_NAME = "encoderpool-operator"
 CONTAINER_NAME = "encoder"

@@ -71,9 +71,10 @@ def registration_env(spec: PoolSpec) -> dict[str, str]:
     """
     if not spec.sglang.register_urls:
         return {}
+    register_urls, advertise_url = names.REGISTRATION_ENV
     return {
-        "ENCODER_REGISTER_URLS": ",".join(spec.sglang.register_urls),
-        "ENCODER_ADVERTISE_URL": f"http://$({names.POD_IP_ENV}):{spec.port}",
+        register_urls: ",".join(spec.sglang.register_urls),
+        advertise_url: f"http://$({names.POD_IP_ENV}):{spec.port}",
     }
 
 

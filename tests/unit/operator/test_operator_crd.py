@@ -136,7 +136,7 @@ def test_names_subresources_and_printer_columns(crd: dict[str, Any]) -> None:
     version = spec["versions"][0]
     assert crd["metadata"]["name"] == f"{names.PLURAL}.{names.GROUP}"
     assert (spec["group"], version["name"], spec["names"]["kind"]) == (names.GROUP, names.VERSION, names.KIND)
-    assert spec["names"]["shortNames"] == [names.SHORT_NAME]
+    assert spec["names"]["shortNames"] == ["encpool"]  # the public short name
     assert version["subresources"]["scale"] == {
         "specReplicasPath": ".spec.replicas",
         "statusReplicasPath": ".status.replicas",

@@ -11,7 +11,6 @@ from encoderpool_operator import errors, names
 from encoderpool_operator.engine import Engine
 from encoderpool_operator.handlers import (
     WATCHED,
-    WATCHED_CHILDREN,
     WatchCache,
     build_registry,
     index_name,
@@ -62,13 +61,13 @@ def test_registry_handles_pools_and_watches_children_without_finalizers(settings
     assert not any(h.requires_finalizer for h in changing), "GC deletes children; no finalizer needed"
     assert registry._spawning.get_all_handlers() == [], "a kopf timer would put a finalizer on every pool"
     watched = {(h.selector.group, h.selector.version, h.selector.any_name) for h in watching}
-    assert watched == set(WATCHED_CHILDREN)
+    assert watched == set(WATCHED.values())
     assert all(dict(h.labels) == {names.MANAGED_BY_LABEL: names.OPERATOR_NAME} for h in watching)
     # The watch cache: one kopf index per watched kind, on the same selector (kopf holds every
     # handler back until each index has been listed, so no reconcile sees a half-filled cache).
     indexing = registry._indexing.get_all_handlers()
     assert {h.id for h in indexing} == {index_name(kind) for kind in WATCHED}
-    assert {(h.selector.group, h.selector.version, h.selector.any_name) for h in indexing} == set(WATCHED_CHILDREN)
+    assert {(h.selector.group, h.selector.version, h.selector.any_name) for h in indexing} == set(WATCHED.values())
     assert all(dict(h.labels) == {names.MANAGED_BY_LABEL: names.OPERATOR_NAME} for h in indexing)
 
 
