@@ -17,7 +17,7 @@ HOST       ?= 127.0.0.1
 PORT       ?= 30000
 PYTEST_ARGS ?=
 
-.PHONY: help venv model run test test-unit test-integration e2e cluster control-plane bench lint kind-e2e clean
+.PHONY: help venv lock model run test test-unit test-integration e2e cluster control-plane bench lint kind-e2e clean
 
 help:
 	@echo "make run    - install, build the tiny default checkpoint, serve it on $(HOST):$(PORT)"
@@ -27,17 +27,25 @@ help:
 	@echo "make bench  - run the benchmarks, write bench/results/"
 	@echo "make kind-e2e - (needs Docker + kind) build the images, run the operator e2e tests on a kind cluster"
 	@echo "make lint   - import contracts, mypy and vulture on encoder_pod/ and operator/ (also run by make test)"
+	@echo "make lock   - after changing a dependency in pyproject.toml: re-pin uv.lock and constraints.txt"
 
 $(UV):
 	@echo ">> installing uv $(UV_VERSION) into $(TOOLS)"
 	python3 -m venv $(TOOLS)
 	$(TOOLS)/bin/pip install -q uv==$(UV_VERSION)
 
-$(VENV)/.installed: pyproject.toml | $(UV)
-	@echo ">> creating $(VENV) and installing encoderpool (torch is cached in $(UV_CACHE_DIR) after the first run)"
-	@test -x $(PY) || $(UV) venv -q --python python3.11 $(VENV)
-	$(UV) pip install --python $(PY) -e '.[dev,mooncake]'
+# Every dependency is pinned by uv.lock: `uv sync --locked` installs exactly the locked versions
+# (and removes anything else), and refuses to run when pyproject.toml changed without `make lock`.
+export UV_PROJECT_ENVIRONMENT := $(VENV)
+$(VENV)/.installed: pyproject.toml uv.lock | $(UV)
+	@echo ">> syncing $(VENV) with uv.lock (torch is cached in $(UV_CACHE_DIR) after the first run)"
+	$(UV) sync --locked --python python3.11 --extra dev --extra mooncake
 	@touch $@
+
+# uv.lock pins make and CI; constraints.txt is the same pins for pip (the images: pip install -c).
+lock: | $(UV)
+	$(UV) lock
+	$(UV) export --frozen --all-extras --no-emit-project --no-hashes --format requirements-txt -o constraints.txt
 
 venv: $(VENV)/.installed
 

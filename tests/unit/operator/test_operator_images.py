@@ -55,7 +55,7 @@ def test_the_baked_checkpoint_is_the_one_the_examples_use() -> None:
 def test_operator_image_installs_the_operator_dependencies_as_pinned() -> None:
     deps = dependencies()
     installed = dict(re.findall(r'"([a-z-]+)([<>=!~][^"]*)"', OPERATOR))
-    assert set(installed) == {"kopf", "kubernetes", "pydantic", "pydantic-settings", "pyyaml"}
+    assert set(installed) == {"kopf", "kubernetes", "pydantic", "pyyaml"}
     for name, spec in installed.items():
         assert deps[name] == spec, f"{name}: Dockerfile {spec} != pyproject {deps[name]}"
     assert "COPY encoder_pod" not in OPERATOR and "--no-deps" in OPERATOR, "no torch in the operator image"
