@@ -13,7 +13,7 @@ connection:
 - Header size: at most :data:`MAX_HEADER_BYTES` of a request's head (h11 enforces the same bound
   itself, with a 400); beyond, a 431 and the connection is closed.
 - A request that cannot be parsed, or a head over the bound, is answered (400 or 431, the
-  CONTRACT error body), the write side is shut, and what the client still sends is read and
+  error body of docs/api.md), the write side is shut, and what the client still sends is read and
   dropped until it closes or :data:`REFUSAL_LINGER_S` passes. Closing at once would turn the
   unread input into a TCP reset, which can destroy the answer before the client reads it.
 - ``HTTP_MAX_CONNECTIONS``: a connection beyond this many open ones is answered at once with a
@@ -71,7 +71,7 @@ class HttpLimits:
 
 
 def raw_answer(status: str, message: str, extra_headers: str = "") -> bytes:
-    """A whole HTTP answer with the CONTRACT error body, written by the connection itself (no request to answer)."""
+    """A whole HTTP answer with the error body of docs/api.md, written by the connection itself (no request to answer)."""
     body = json.dumps({"status": "error", "message": message, "req_id": None}).encode()
     head = (
         f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n{extra_headers}"

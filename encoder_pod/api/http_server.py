@@ -47,7 +47,7 @@ STOP_GRACE_S = 2.0
 
 
 def error_body(message: str, req_id: str | None) -> dict[str, Any]:
-    """The error body of CONTRACT.md."""
+    """The error body every refusal carries (docs/api.md, Errors)."""
     return {"status": "error", "message": message, "req_id": req_id}
 
 

@@ -59,7 +59,7 @@ _TOWER = {
         "image_size": 32,
         "patch_size": 8,
     },
-    # /16 224 px, hidden 384, 4 layers (shared/reference/models.md): 196 rows per image.
+    # /16 224 px, hidden 384, 4 layers: 196 rows per image (the benchmarks' size, docs/benchmarks.md).
     "moderate": {
         "hidden_size": 384,
         "intermediate_size": 1536,

@@ -133,7 +133,7 @@ class Qwen25VLFullAdapter(WholeQwenVisual):
 _TOWER_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "qwen2_vl": {
         "tiny": {"depth": 2, "embed_dim": 64, "hidden_size": 128, "num_heads": 4, "mlp_ratio": 2},
-        # 10.7M parameters, the size measured in shared/reference/models.md.
+        # 10.7M parameters: the `moderate` preset, for benchmarks.
         "moderate": {"depth": 4, "embed_dim": 384, "hidden_size": 512, "num_heads": 6, "mlp_ratio": 4},
     },
     "qwen2_5_vl": {

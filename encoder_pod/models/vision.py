@@ -26,7 +26,7 @@ MAX_ASPECT_RATIO = 200
 shortest edge first, so without a bound a 1 x 20000 image would become a 224 x 4.5M intermediate."""
 
 PRESETS = ("tiny", "moderate")
-"""``tiny``: unit tests (about 1 MB). ``moderate``: benchmarks (shared/reference/models.md)."""
+"""``tiny``: unit tests (about 1 MB). ``moderate``: benchmarks (docs/benchmarks.md)."""
 
 HEALTH_IMAGE_SIDE = 32
 

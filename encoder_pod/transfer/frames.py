@@ -1,8 +1,8 @@
 """What a push looks like on the wire: the frame codecs of ENCODER_WIRE_FORMAT.
 
-``encoderpool`` (the default) writes docs/wire-format.md: a msgpack header and the raw tensor
-bytes. ``sglang=<release>`` writes the pickled frame SGLang's own receiver reads (opt-in, see
-:mod:`encoder_pod.transfer.sglang_frames`). Both send the embedding zero-copy: frame 1 is a view
+``sglang`` (the default) writes the pickled frame SGLang's own receiver reads (see
+:mod:`encoder_pod.transfer.sglang_frames`). ``encoderpool`` writes docs/wire-format.md: a msgpack
+header and the raw tensor bytes, for :mod:`encoder_pod.receiver`. Both send the embedding zero-copy: frame 1 is a view
 of the tensor's memory, handed to ZMQ without a copy.
 """
 

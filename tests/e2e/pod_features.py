@@ -1,6 +1,7 @@
 """The encoder pod features some operator e2e tests stand on, and a loud failure when one is missing.
 
-The operator renders these (shared INTERFACES.md); the encoder pod builds them. A test that needs
+The operator renders these (docs/kubernetes.md, what the operator relies on in the pod); the
+encoder pod builds them. A test that needs
 one calls ``require(...)`` first: if the pod in this checkout lacks it, the test FAILS, saying
 which feature it waits for (never a silent skip), instead of timing out on a symptom.
 """
@@ -16,9 +17,9 @@ import pytest
 ENCODER_POD = Path(sys.executable).parent / "encoder-pod"
 
 FEATURES = {
-    "fetch-model": "`encoder-pod fetch-model hf://org/name[@rev]` (INTERFACES.md, Models from the hub)",
-    "drain": "the SIGTERM drain with ENCODER_DRAIN_TIMEOUT (INTERFACES.md, Pod lifecycle)",
-    "livez": "GET /livez (INTERFACES.md, Pod lifecycle)",
+    "fetch-model": "`encoder-pod fetch-model hf://org/name[@rev]` (docs/models.md)",
+    "drain": "the SIGTERM drain with ENCODER_DRAIN_TIMEOUT (docs/operations.md, Drain)",
+    "livez": "GET /livez (docs/operations.md, Probes)",
 }
 
 

@@ -92,7 +92,7 @@ POD_SIDE_PENDING = [var for var in names.MANAGED_ENV if var not in env_index()]
 
 
 @pytest.mark.xfail(bool(POD_SIDE_PENDING), strict=True,
-                   reason=f"waits for the encoder pod's settings {POD_SIDE_PENDING} (shared INTERFACES.md: drain, SGLang registration)")
+                   reason=f"waits for the encoder pod's settings {POD_SIDE_PENDING} (docs/configuration.md: drain, SGLang registration)")
 def test_every_managed_variable_is_a_pod_setting() -> None:
     """No ENCODER_* variable the operator sets is silently ignored by the pod (extra='ignore').
 
