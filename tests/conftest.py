@@ -50,3 +50,28 @@ def tiny_full_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str],
         return out
 
     return build
+
+
+TIERS = ("unit", "integration", "e2e", "gpu")
+"""The tier markers; each is also the directory under tests/ that holds that tier's tests."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that names no tier gets its directory's, so ``-m unit`` (``make test-unit``) and the
+    other tier targets select every test of their tier; a test outside the tier directories that
+    names none is a collection error, not a test that no tier target runs."""
+    root = Path(__file__).resolve().parent
+    unplaced = []
+    for item in items:
+        if any(item.get_closest_marker(tier) for tier in TIERS):
+            continue
+        try:
+            tier = item.path.resolve().relative_to(root).parts[0]
+        except ValueError:
+            tier = ""
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
+        else:
+            unplaced.append(item.nodeid)
+    if unplaced:
+        raise pytest.UsageError(f"tests without a tier marker ({', '.join(TIERS)}): {unplaced[:10]}")
