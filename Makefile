@@ -22,11 +22,15 @@ PYTEST_ARGS ?=
 help:
 	@echo "make run    - install, build the tiny default checkpoint, serve it on $(HOST):$(PORT)"
 	@echo "make test   - install, build what the tests need, run the whole suite"
+	@echo "make test-unit - only the unit tier"
+	@echo "make test-integration - only the integration tier (server subprocesses, tiny checkpoints)"
 	@echo "make e2e    - only the control-plane end-to-end tier"
+	@echo "make lint   - import contracts, mypy and vulture on encoder_pod/ and operator/ (also run by make test)"
+	@echo "make control-plane - build the local Kubernetes control plane into the cache"
 	@echo "make cluster - start a local control plane with fake GPU nodes (Ctrl-C stops it)"
 	@echo "make bench  - run the benchmarks, write bench/results/"
+	@echo "make bench-peers - the peer benchmark (infinity-emb, Ray Serve), not part of make bench"
 	@echo "make kind-e2e - (needs Docker + kind) build the images, run the operator e2e tests on a kind cluster"
-	@echo "make lint   - import contracts, mypy and vulture on encoder_pod/ and operator/ (also run by make test)"
 	@echo "make lock   - after changing a dependency in pyproject.toml: re-pin uv.lock and constraints.txt"
 
 $(UV):
