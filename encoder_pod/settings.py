@@ -58,6 +58,9 @@ log = logging.getLogger(__name__)
 SGLANG_RELEASES = ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 """SGLang releases whose prefill-side receiver reads this pod's frames (each tested against its own code)."""
 
+VLLM_RELEASES = ("0.34.0",)
+"""vLLM releases whose consumers read what this pod's vLLM face stores (tested against that release's own code)."""
+
 
 def names(
     *, flag: str | None = None, deprecated_env: tuple[str, ...] = (), env_aliases: tuple[str, ...] = ()

@@ -71,12 +71,14 @@ def _defined(node: ast.stmt) -> set[str]:
     return {n for n in names if n}
 
 
-def load_module(name: str, path: Path, provided: dict[str, Any], only: list[str] | None = None) -> types.ModuleType:
+def load_module(name: str, path: Path, provided: dict[str, Any], only: list[str] | None = None,
+                skip: tuple[str, ...] = SKIP) -> types.ModuleType:
     """Exec sglang's source file ``path`` as module ``name``.
 
-    Imports of sglang (and transformers) are replaced by ``provided`` or :class:`Missing`; other
-    imports run for real, or become :class:`Missing` when not installed. With ``only``, just those
-    top-level definitions are kept (they must all exist: a rename fails loudly).
+    Imports of ``skip`` (sglang and transformers; hack/vllm_release.py passes vllm) are replaced by
+    ``provided`` or :class:`Missing`; other imports run for real, or become :class:`Missing` when
+    not installed. With ``only``, just those top-level definitions are kept (they must all exist:
+    a rename fails loudly).
     """
     tree = ast.parse(path.read_text(), filename=str(path))
     module = types.ModuleType(name)
@@ -89,7 +91,7 @@ def load_module(name: str, path: Path, provided: dict[str, Any], only: list[str]
             source = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
             for alias in node.names:
                 bound = alias.asname or alias.name.split(".")[0]
-                if (source or "").startswith(SKIP) or alias.name.startswith(SKIP):
+                if (source or "").startswith(skip) or alias.name.startswith(skip) or getattr(node, "level", 0):
                     namespace[bound] = provided.get(bound, Missing(bound))
                     continue
                 try:
