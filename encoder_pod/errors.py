@@ -20,6 +20,7 @@ class ErrorKind(str, Enum):
     """What went wrong, independent of the transport that reports it."""
 
     INVALID_REQUEST = "invalid_request"
+    NOT_FOUND = "not_found"
     DUPLICATE_REQUEST = "duplicate_request"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     OVERLOADED = "overloaded"
@@ -34,6 +35,7 @@ class ErrorKind(str, Enum):
 
 HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.INVALID_REQUEST: 400,
+    ErrorKind.NOT_FOUND: 404,
     ErrorKind.DUPLICATE_REQUEST: 409,
     ErrorKind.PAYLOAD_TOO_LARGE: 413,
     ErrorKind.OVERLOADED: 429,
@@ -104,6 +106,12 @@ class ItemError(MediaError):
         super().__init__(f"mm_items[{index}]: {reason}", req_id=req_id)
         self.index = index
         self.reason = reason
+
+
+class FaceOff(EncoderError):
+    """A route of a face this pod does not serve (vLLM's without its storage path), or a stored item it lacks (404)."""
+
+    kind = ErrorKind.NOT_FOUND
 
 
 class DuplicateRequest(EncoderError):
@@ -183,6 +191,7 @@ class SliceMismatch(InternalError):
 
 _BY_KIND: dict[ErrorKind, type[EncoderError]] = {
     ErrorKind.INVALID_REQUEST: InvalidRequest,
+    ErrorKind.NOT_FOUND: FaceOff,
     ErrorKind.DUPLICATE_REQUEST: DuplicateRequest,
     ErrorKind.PAYLOAD_TOO_LARGE: PayloadTooLarge,
     ErrorKind.OVERLOADED: Overloaded,

@@ -20,6 +20,7 @@ handed the group(s) it needs (the batch scheduler gets ``settings.batching``, th
 - ``transfer``: how embeddings reach prefill servers (backend, wire format, push sockets).
 - ``parallel``: data-parallel workers and tensor-parallel groups, their watchdogs and timeouts.
 - ``cache``: the embedding cache (its byte budget).
+- ``vllm``: vLLM's EPD face (the shared storage its consumers read, the model id they hash with).
 - ``observability``: logging and the readiness probe.
 
 A new concern gets its own group (e.g. ``cache`` for an embedding cache size): declare a
@@ -347,6 +348,23 @@ class CacheSettings(SettingsGroup):
     """Byte budget of the embedding cache per model replica in MiB (0 = off); least recently used entries go first."""
 
 
+class VllmSettings(SettingsGroup):
+    """vLLM's EPD: this pod as the encoder instance of unmodified vLLM prefill instances (docs/vllm.md)."""
+
+    vllm_storage_path: str | None = None
+    """Folder vLLM consumers' ECExampleConnector reads (its shared_storage_path); unset = POST /v1/chat/completions is off."""
+    vllm_model_id: str = ""
+    """The --model string the vLLM consumers were started with (their mm_hash's model id); empty = MODEL_PATH as given."""
+    vllm_mm_hasher_algorithm: Literal["blake3", "sha256", "sha512"] = "blake3"
+    """The consumers' --mm-hasher-algorithm (used for items that carry no uuid, or request-level kwargs)."""
+    vllm_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """dtype of the stored embeddings, the consumers' --dtype; auto = the encoder's own dtype."""
+    vllm_storage_max_mb: int = Field(10_240, ge=1, le=1 << 30)
+    """Most MiB of stored embeddings; the oldest files are removed beyond (vLLM deletes none)."""
+    vllm_storage_ttl: float = Field(3600.0, gt=0, le=30 * 86_400)
+    """Seconds a stored embedding is kept (consumers read it within seconds of the answer)."""
+
+
 class ObservabilitySettings(SettingsGroup):
     """Logging and the readiness probe."""
 
@@ -369,6 +387,7 @@ class EncoderSettings(BaseModel):
     transfer: TransferSettings = TransferSettings()
     parallel: ParallelSettings = ParallelSettings()
     cache: CacheSettings = CacheSettings()
+    vllm: VllmSettings = VllmSettings()
     observability: ObservabilitySettings = ObservabilitySettings()
 
     def drain_timeout_s(self) -> float:

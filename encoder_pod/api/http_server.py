@@ -24,7 +24,8 @@ from encoder_pod.api.answers import answer_response
 from encoder_pod.api.json_body import SMALL_BODY, parse_large
 from encoder_pod.api.lifecycle import DrainGate, Lifecycle
 from encoder_pod.api.openapi import ENCODE_OPENAPI
-from encoder_pod.errors import EncoderError, InvalidRequest, PayloadTooLarge
+from encoder_pod.api.vllm_chat import VllmFace
+from encoder_pod.errors import EncoderError, FaceOff, InvalidRequest, PayloadTooLarge
 from encoder_pod.json_limits import MAX_DEPTH, JsonTooDeep, nesting_over
 from encoder_pod.metrics import EdgeMetrics
 from encoder_pod.offload import Offload, freeze_startup_objects
@@ -152,6 +153,8 @@ def _lifespan(
         yield
         # The drain (encoder_pod.server) already waited for what was admitted: stop promptly.
         await engine.shutdown(grace=STOP_GRACE_S)
+        if app.state.vllm_face is not None:
+            app.state.vllm_face.close()
         offload.close()
 
     return lifespan
@@ -189,6 +192,7 @@ def create_app(settings: EncoderSettings, engine: Engine, lifecycle: Lifecycle |
     _document_encode(app)
     _install_probes(app, engine, lifecycle)
     _install_control(app, engine, offload)
+    _install_vllm(app, settings, engine, offload)
     return app
 
 
@@ -330,6 +334,37 @@ def _install_probes(app: FastAPI, engine: Engine, lifecycle: Lifecycle) -> None:
     async def server_info() -> dict[str, Any]:
         """State, model facts, queue and the effective settings."""
         return engine.info()
+
+
+def _install_vllm(app: FastAPI, settings: EncoderSettings, engine: Engine, offload: Offload) -> None:
+    """vLLM's encoder-instance contract (docs/vllm.md); off, with a 404 saying so, without a storage path."""
+    face = VllmFace(settings, engine) if settings.vllm.vllm_storage_path else None
+    app.state.vllm_face = face
+    off = "the vLLM face is off on this pod: set ENCODER_VLLM_STORAGE_PATH (--vllm-storage-path) to serve it"
+
+    def active() -> VllmFace:
+        if face is None:
+            raise FaceOff(off)
+        return face
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        """vLLM's EPD proxy: encode the body's media parts, store each embedding for the consumers, answer ec_transfer_params."""
+        vllm = active()
+        body = await _read_body(request, settings.server.max_request_bytes, offload)
+        return JSONResponse(await vllm.complete(body))
+
+    @app.api_route("/v1/ec_cache/{identifier}", methods=["GET", "HEAD"])
+    async def ec_cache(identifier: str, request: Request) -> Response:
+        """A stored embedding's safetensors file (the network connector's read); 404 when absent."""
+        vllm = active()
+        if request.method == "HEAD":
+            found = await offload.run(vllm.store.has, identifier)
+            return Response(status_code=200 if found else 404)
+        data = await offload.run(vllm.store.read, identifier)
+        if data is None:
+            raise FaceOff(f"no stored embedding {identifier[:80]!r} on this pod")
+        return Response(data, media_type="application/octet-stream")
 
 
 def _install_control(app: FastAPI, engine: Engine, offload: Offload) -> None:
