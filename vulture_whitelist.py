@@ -15,8 +15,20 @@ from encoder_pod.api import connections
 from encoder_pod.batching import admission
 from encoder_pod.receiver import client, pull
 from encoder_pod.transfer import inline, push_sender
+from encoder_pod.vllm_epd import connector
 from encoderpool_operator import rbac
 
+# vLLM's scheduler and model runner call the EC connector's methods (ECConnectorBase); the
+# TYPE_CHECKING imports name the types of its string annotations.
+connector.EncoderPoolECConnector.has_cache_item
+connector.EncoderPoolECConnector.update_state_after_alloc
+connector.EncoderPoolECConnector.build_connector_meta
+connector.EncoderPoolECConnector.start_load_caches
+connector.EncoderPoolECConnector.save_caches
+connector.VllmConfig
+connector.SchedulerOutput
+_.scheduler_output
+_.mm_hash
 # uvicorn.Server calls capture_signals and reads should_exit and its config's graceful timeout.
 server._Server.capture_signals
 server._Server.should_exit

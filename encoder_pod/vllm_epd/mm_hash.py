@@ -30,11 +30,10 @@ a uuid here (:func:`needs_uuid`).
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable, Iterator, Literal, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-HasherAlgorithm = Literal["blake3", "sha256", "sha512"]
 ALGORITHMS: tuple[str, ...] = ("blake3", "sha256", "sha512")
 
 MODALITY_KWARGS = {"image": "images_kwargs", "video": "videos_kwargs", "audio": "audio_kwargs"}

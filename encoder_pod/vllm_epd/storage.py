@@ -126,11 +126,6 @@ class EcStore:
         """Where vLLM's example connector looks for ``identifier``."""
         return self.root / identifier / FILE_NAME
 
-    @property
-    def used_bytes(self) -> int:
-        """Bytes of the stored files."""
-        return self._bytes
-
     def __len__(self) -> int:
         return len(self._entries)
 
