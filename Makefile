@@ -17,7 +17,7 @@ HOST       ?= 127.0.0.1
 PORT       ?= 30000
 PYTEST_ARGS ?=
 
-.PHONY: help venv lock model run test test-unit test-integration e2e cluster control-plane bench lint kind-e2e clean
+.PHONY: help venv lock generate model run test test-unit test-integration e2e cluster control-plane bench lint kind-e2e clean
 
 help:
 	@echo "make run    - install, build the tiny default checkpoint, serve it on $(HOST):$(PORT)"
@@ -32,6 +32,7 @@ help:
 	@echo "make bench-peers - the peer benchmark (infinity-emb, Ray Serve), not part of make bench"
 	@echo "make kind-e2e - (needs Docker + kind) build the images, run the operator e2e tests on a kind cluster"
 	@echo "make lock   - after changing a dependency in pyproject.toml: re-pin uv.lock and constraints.txt"
+	@echo "make generate - after changing a setting in encoder_pod/settings.py: rewrite the CRD, the operator's podsettings.py and docs/configuration.md's table"
 
 $(UV):
 	@echo ">> installing uv $(UV_VERSION) into $(TOOLS)"
@@ -93,10 +94,15 @@ bench: model
 bench-peers: venv
 	$(PY) -m bench.peer_bench --device $(or $(DEVICE),cpu)
 
+# The parts of the CRD, the operator and the docs derived from the pod's settings declaration.
+generate: venv
+	$(PY) -m encoder_pod.settings_gen
+
 lint: venv
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy encoder_pod operator
 	$(VENV)/bin/vulture
+	$(PY) -m encoder_pod.settings_gen --check
 
 kind-e2e: venv
 	bash hack/kind-e2e.sh

@@ -27,6 +27,13 @@ A new concern gets its own group (e.g. ``cache`` for an embedding cache size): d
 :class:`SettingsGroup` subclass and add one field for it to :class:`EncoderSettings`; the env
 reader, the CLI flags and the error messages pick it up from the model.
 
+This module is the one declaration of every pod setting (name, type, bounds, default, doc, env
+names, flag, and the EncoderPool field the operator sets it from: :func:`names`' ``crd`` and
+``derived_from``; relations between settings: :data:`RELATIONS`). The CRD's settings fields,
+the operator's settings models and env rendering, and the table in docs/configuration.md are
+generated from it by ``python -m encoder_pod.settings_gen`` (`make generate`); a test fails when
+a generated file differs. docs/configuration.md says how to add a setting.
+
 Why plain pydantic models and this module's own env reader, not pydantic-settings: the names
 are flat while the model is nested, and pydantic-settings maps nested models only through a
 delimiter (``ENCODER_BATCHING__MAX_BATCH_SIZE``), which would rename every deployed variable;
@@ -64,16 +71,65 @@ VLLM_RELEASES = ("0.34.0",)
 
 
 def names(
-    *, flag: str | None = None, deprecated_env: tuple[str, ...] = (), env_aliases: tuple[str, ...] = ()
+    *,
+    flag: str | None = None,
+    deprecated_env: tuple[str, ...] = (),
+    env_aliases: tuple[str, ...] = (),
+    crd: str | None = None,
+    derived_from: str | None = None,
 ) -> dict[str, Any]:
-    """``Field(json_schema_extra=...)`` for a setting whose flag or old env names differ from the rule.
+    """``Field(json_schema_extra=...)``: how a setting is named outside, where the rule is not enough.
 
     ``flag`` replaces ``--<name>`` (SGLang's own flag name, for drop-in use); ``env_aliases`` are
     further names read after ``ENCODER_<NAME>`` and ``SGLANG_ENCODER_<NAME>`` (SGLang's own name of
     the same setting); ``deprecated_env`` still work, after those, and log a warning naming the
     replacement.
+
+    The operator sets a setting from a pool's spec in one of two ways. ``crd="object.field"``
+    (``"batching.maxBatchSize"``): the EncoderPool field ``spec.<object>.<field>`` IS this setting
+    (same type, bounds, default and doc; the object is one of :data:`CRD_OBJECTS`), generated into
+    the CRD and the operator. ``derived_from="..."``: the operator computes it from other spec
+    fields (the text says which; its rendering is written by hand in the operator's podenv.py).
+    Either way spec.env may not set it. Settings with neither are left to the pod's default, or
+    to spec.env.
     """
-    return {"flag": flag, "deprecated_env": list(deprecated_env), "env_aliases": list(env_aliases)}
+    if crd is not None and derived_from is not None:
+        raise ValueError("a setting is either a CRD field (crd=) or derived from the spec (derived_from=), not both")
+    return {
+        "flag": flag,
+        "deprecated_env": list(deprecated_env),
+        "env_aliases": list(env_aliases),
+        "crd": crd,
+        "derived_from": derived_from,
+    }
+
+
+CRD_OBJECTS: dict[str, str] = {
+    "parallelism": "Parallelism inside one pod. GPUs per pod = tensor x data (on spec.device=cuda).",
+    "batching": "Batching and admission settings of every encoder pod (its ENCODER_* environment).",
+    "transfer": "Where embeddings go once encoded.",
+}
+"""The objects of an EncoderPool's spec that hold pod settings (``names(crd="<object>.<field>")``), with their doc."""
+
+
+@dataclass(frozen=True)
+class NotAbove:
+    """Setting ``low`` must not exceed setting ``high``, for the reason ``why``.
+
+    Checked when the settings are parsed (the pod refuses to start), and, where both are fields of
+    one CRD object, by a CEL rule of the CRD and by the operator's generated model.
+    """
+
+    low: str
+    high: str
+    why: str
+
+
+RELATIONS: tuple[NotAbove, ...] = (
+    NotAbove("max_batch_size", "max_queue", "a batch is drawn from the queue"),
+    NotAbove("video_min_frames", "video_max_frames", "the fewest frames sampled from a video cannot be more than the most"),
+)
+"""Relations between settings, each checked wherever both settings are (see :class:`NotAbove`)."""
 
 
 def split_list(value: str | list[Any]) -> list[str]:
@@ -149,37 +205,51 @@ class SettingsGroup(BaseModel):
 class ModelSettings(SettingsGroup):
     """Which checkpoint, on which device and dtype."""
 
-    model_path: str = ""
-    """Checkpoint directory (config.json inside), or a hub id org/name[@revision] resolved from the HF cache first."""
+    model_path: str = Field("", json_schema_extra=names(derived_from="from spec.model (inside spec.modelVolume's mountPath; a hub model: its id)"))
+    """Checkpoint directory (config.json inside), or a hub id org/name[@revision] (hf:// accepted) resolved from the Hugging Face cache first."""
     revision: str | None = None
     """Hub revision (branch, tag or commit) of a hub id model path; @revision in the path says the same."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Where the encoder runs; auto picks cuda when available."""
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", json_schema_extra=names(derived_from="from spec.device (cpu for a pool that requests no GPU)"))
+    """Where the encoder runs: auto (cuda when a device is visible), cpu or cuda."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Weights and activations dtype; auto is bf16 on GPU, fp32 on CPU."""
+    """Weights and activations dtype: auto is bfloat16 on GPU and float32 on CPU."""
     num_threads: int = Field(0, ge=0, le=1024)
     """torch intra-op threads per worker on CPU (0 = torch default)."""
     malloc_tuning: bool = True
-    """Pin glibc malloc's mmap (64 MiB) and trim (256 MiB) thresholds so batches stop page-faulting (RSS stays near its peak)."""
+    """Pin glibc malloc's mmap (64 MiB) and trim (256 MiB) thresholds in every encoder process, so activations are reused instead of mapped, faulted in and unmapped on every batch (RSS then stays near its peak); false keeps glibc's defaults."""
     image_processor_use_gpu: bool = False
-    """Run the image processor on the GPU (fast processors only)."""
+    """SGLang's name, accepted for drop-in use with its only supported value, false: images are preprocessed on the CPU (true is refused at start)."""
+
+    @field_validator("image_processor_use_gpu")
+    @classmethod
+    def _refuse_gpu_preprocessing(cls, value: bool) -> bool:
+        if value:
+            raise ValueError(
+                "preprocessing on the device is not supported: transformers' torch image processors, which "
+                "SGLang's IMAGE_PROCESSOR_USE_GPU runs on the GPU, need torchvision, and this project does not "
+                "depend on it; images are preprocessed on the CPU by the PIL processors (leave it unset or false)"
+            )
+        return value
 
 
 class ServerSettings(SettingsGroup):
     """The HTTP listener."""
 
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", json_schema_extra=names(derived_from="always 0.0.0.0 (the kubelet's probes and the Service reach the pod on its IP)"))
     """Address the HTTP server binds."""
-    port: int = Field(30000, ge=1, le=65535)
+    port: int = Field(30000, ge=1, le=65535, json_schema_extra=names(derived_from="from spec.port"))
     """HTTP port."""
     max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024)
-    """Largest /encode body in bytes; 413 beyond (also the largest fetched item)."""
-    register_urls: list[str] = Field(default_factory=list, json_schema_extra=names(flag="--encoder-register-urls"))
-    """SGLang EncoderBootstrapServer base URLs this pod registers with once ready (comma separated)."""
-    advertise_url: str = ""
-    """URL this pod registers (http://host:port); derived from HOST/PORT when unset."""
+    """Largest /encode body in bytes, 413 beyond; also the largest item fetched from a URL."""
+    register_urls: list[str] = Field(
+        default_factory=list,
+        json_schema_extra=names(flag="--encoder-register-urls", derived_from="from spec.sglang.registerURLs"),
+    )
+    """SGLang EncoderBootstrapServer base URLs this pod registers with once ready (comma or space separated)."""
+    advertise_url: str = Field("", json_schema_extra=names(derived_from="http://$(POD_IP):<spec.port> when spec.sglang.registerURLs is set (the pod IP from the downward API)"))
+    """URL this pod registers; unset: http://HOST:PORT (a wildcard HOST becomes this host's address)."""
     register_check_interval: float = Field(30.0, ge=0, le=3600)
-    """Seconds between checks that each bootstrap server still lists this pod (re-registers if not; 0 = never)."""
+    """Seconds between checks that each bootstrap server still lists this pod (it registers again if not; 0 = never)."""
 
     @field_validator("register_urls", mode="before")
     @classmethod
@@ -201,16 +271,20 @@ class ServerSettings(SettingsGroup):
         if value and not value.startswith(("http://", "https://")):
             raise ValueError(f"{value!r} is not an http(s) URL")
         return value
-    drain_timeout: float | None = Field(None, ge=0, le=86_400)
-    """Seconds SIGTERM waits for queued and in-flight requests before the rest get 503 (unset: REQ_TIMEOUT + 5)."""
+    # At most the longest REQ_TIMEOUT + 5: the value it takes when unset (the operator renders it so).
+    drain_timeout: float | None = Field(
+        None, ge=0, le=86_405,
+        json_schema_extra=names(derived_from="from spec.drain.timeoutSeconds (unset: spec.batching.requestTimeoutSeconds + 5)"),
+    )
+    """Seconds SIGTERM waits for queued and in-flight requests before the rest get 503 + Retry-After (unset: REQ_TIMEOUT + 5)."""
     http_header_timeout: float = Field(10.0, gt=0, le=3600)
-    """Seconds a connection may take to send a request's headers (from connect, or the previous answer); closed beyond."""
+    """Seconds a connection may take to send a request's headers (from connect, or from the previous answer); closed beyond."""
     http_keepalive_timeout: int = Field(5, ge=1, le=3600)
     """Seconds an idle keep-alive connection stays open after an answer."""
     http_max_connections: int = Field(2048, ge=1, le=1_000_000)
-    """Most open HTTP connections; one more is answered 503 + Retry-After and closed."""
+    """Most open HTTP connections; one more is answered 503 + Retry-After: 1 and closed."""
     http_parser: Literal["httptools", "h11"] = "httptools"
-    """HTTP/1.1 parser of the listener: httptools (C, the faster) or h11 (pure Python)."""
+    """HTTP/1.1 parser of the listener: httptools (C, the faster) or h11 (pure Python); both enforce the header timeout, the 16 KiB head bound and the connection limit."""
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     """Event loop of the HTTP server process: auto is uvloop where it is installed (a dependency on Linux)."""
 
@@ -218,45 +292,45 @@ class ServerSettings(SettingsGroup):
 class AdmissionSettings(SettingsGroup):
     """What is let in, and for how long."""
 
-    max_queue: int = Field(1024, ge=1, le=1_000_000)
-    """Most requests waiting; 429 beyond."""
-    req_timeout: float = Field(180.0, gt=0, le=86_400)
+    max_queue: int = Field(1024, ge=1, le=1_000_000, json_schema_extra=names(crd="batching.maxQueue"))
+    """Most requests admitted and not yet answered (waiting, decoding, encoding or delivering) before 429, counted over every data-parallel rank."""
+    req_timeout: float = Field(180.0, gt=0, le=86_400, json_schema_extra=names(crd="batching.requestTimeoutSeconds"))
     """Seconds a request may take in total before 504."""
 
 
 class BatchingSettings(SettingsGroup):
     """How admitted requests become batches."""
 
-    max_batch_size: int = Field(8, ge=1, le=4096)
+    max_batch_size: int = Field(8, ge=1, le=4096, json_schema_extra=names(crd="batching.maxBatchSize"))
     """Most requests in one batch."""
-    max_wait_ms: float = Field(0.0, ge=0, le=10_000)
-    """How long a batch waits for more requests (0 = no wait)."""
-    max_batch_tokens: int = Field(16384, ge=1, le=10_000_000)
-    """Budget of encoder output tokens per batch; a larger request runs alone."""
+    max_wait_ms: float = Field(0.0, ge=0, le=10_000, json_schema_extra=names(crd="batching.maxWaitMs"))
+    """Milliseconds a batch waits for more requests, from its oldest request's arrival (0 = no wait)."""
+    max_batch_tokens: int = Field(16384, ge=1, le=10_000_000, json_schema_extra=names(crd="batching.maxBatchTokens"))
+    """Budget of encoder output tokens (or patches) per batch; a larger request runs alone."""
 
 
 class MediaSettings(SettingsGroup):
     """Where item bytes may come from and what decoded media may be."""
 
-    mm_load_workers: int = Field(4, ge=1, le=256)
+    mm_load_workers: int = Field(4, ge=1, le=256, json_schema_extra=names(crd="batching.mmLoadWorkers"))
     """Threads that decode media items."""
     max_image_pixels: int = Field(40_000_000, ge=1)
-    """Largest decoded image (width x height); 400 beyond."""
+    """Largest image (width x height), checked from its header before decoding; 400 beyond."""
     max_audio_seconds: float = Field(600.0, gt=0)
     """Longest audio item in seconds; 400 beyond."""
     allow_url_fetch: bool = True
-    """Fetch http(s) item URLs (under ALLOWED_MEDIA_DOMAINS and the private-address guard)."""
+    """Fetch http(s) item URLs (under ALLOWED_MEDIA_DOMAINS and the private-address guard); false refuses every URL."""
     allowed_media_domains: list[str] = Field(
         default_factory=list,
         json_schema_extra=names(flag="--allowed-media-domains", deprecated_env=("ENCODER_ALLOWED_URL_HOSTS",)),
     )
-    """Hosts http(s) items may come from: exact names or IPs, or *.suffix wildcards (comma separated; empty = any public host)."""
+    """Hosts http(s) items may come from: exact names or IPs (normalised, no ports) or *.suffix wildcards, comma separated (empty = any public host); every redirect hop is checked again."""
     allow_private_media_hosts: bool = False
-    """Let http(s) items come from private, loopback and link-local addresses (a host listed by exact name always may)."""
+    """Let http(s) items come from private, loopback and link-local addresses (a host listed by exact name or IP always may)."""
     url_fetch_timeout: float = Field(10.0, gt=0, le=600)
     """Seconds one item URL may take in total (every redirect and the body)."""
     allowed_local_media_path: str | None = None
-    """Directory file-path items may come from (unset = refused)."""
+    """Directory file-path items may come from (unset = file paths refused; no escape through .. or links)."""
     video_fps: float = Field(2.0, gt=0, le=120)
     """Frames per second sampled from a video."""
     video_min_frames: int = Field(2, ge=1)
@@ -274,30 +348,23 @@ class MediaSettings(SettingsGroup):
     def _normalise_domains(cls, value: list[str]) -> list[str]:
         return sorted({normalise_media_domain(v) for v in value})
 
-    @model_validator(mode="after")
-    def _check_frames(self) -> "MediaSettings":
-        if self.video_min_frames > self.video_max_frames:
-            raise ValueError(
-                f"video_min_frames ({ENV_PREFIX}VIDEO_MIN_FRAMES={self.video_min_frames}) must not exceed "
-                f"video_max_frames ({ENV_PREFIX}VIDEO_MAX_FRAMES={self.video_max_frames})"
-            )
-        return self
-
 
 class TransferSettings(SettingsGroup):
     """How embeddings reach prefill servers."""
 
     transfer_backend: TransferBackend = Field(
         TransferBackend.AUTO,
-        json_schema_extra=names(flag="--encoder-transfer-backend", deprecated_env=("ENCODER_ENCODER_TRANSFER_BACKEND",)),
+        json_schema_extra=names(
+            flag="--encoder-transfer-backend", deprecated_env=("ENCODER_ENCODER_TRANSFER_BACKEND",), crd="transfer.backend"
+        ),
     )
-    """auto (what each SGLang request asks for), inline, zmq_to_tokenizer, zmq_to_scheduler or mooncake."""
-    send_timeout: float = Field(180.0, gt=0, le=86_400)
-    """Seconds a push to prefill may take before it fails."""
+    """auto serves each request the way it asks (what SGLang's prefill servers expect: inline without a prefill_host, else its own backend); inline returns embeddings in the answer (a request naming a prefill target is 400); zmq_to_tokenizer and zmq_to_scheduler push them to the prefill server over ZMQ; mooncake lets it pull them (needs the mooncake extra)."""
+    send_timeout: float = Field(180.0, gt=0, le=86_400, json_schema_extra=names(crd="transfer.sendTimeoutSeconds"))
+    """Seconds a push to prefill may take before it fails (including the wait for its /scheduler_receive_url registration)."""
     wire_format: WireFormat = WireFormat.SGLANG
-    """ZMQ frames: sglang (what SGLang's receiver reads) or encoderpool (msgpack, for encoder_pod.receiver)."""
+    """ZMQ frames: sglang (what SGLang's receiver reads) or encoderpool (msgpack header + raw tensor, for encoder_pod.receiver; docs/wire-format.md)."""
     sglang_version: Literal["auto", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"] = "auto"
-    """SGLang frames: auto (read by every supported release) or a release (byte-identical to its own encoder's)."""
+    """SGLang frames: auto (read by every supported release) or a release (byte for byte what its own encoder writes)."""
     mooncake_protocol: Literal["rdma", "tcp"] = "rdma"
     """mooncake transport (rdma falls back to TCP on a host without RDMA devices)."""
     mooncake_device: str = ""
@@ -325,18 +392,18 @@ class TransferSettings(SettingsGroup):
 class ParallelSettings(SettingsGroup):
     """Data-parallel workers and tensor-parallel groups."""
 
-    dp_size: int = Field(1, ge=1, le=64)
-    """Data-parallel worker processes (one per GPU)."""
-    tp_size: int = Field(1, ge=1, le=64)
+    dp_size: int = Field(1, ge=1, le=64, json_schema_extra=names(crd="parallelism.data"))
+    """Data-parallel encoder replicas (worker processes) per pod, one per GPU."""
+    tp_size: int = Field(1, ge=1, le=64, json_schema_extra=names(crd="parallelism.tensor"))
     """Tensor-parallel ranks per encoder replica."""
-    dp_worker_max_inflight: int = Field(64, ge=1, le=100_000)
+    dp_worker_max_inflight: int = Field(64, ge=1, le=100_000, json_schema_extra=names(crd="batching.dpWorkerMaxInflight"))
     """Most requests one data-parallel worker holds."""
     dp_restart_backoff: float = Field(1.0, gt=0, le=600)
     """Seconds before a dead data-parallel worker is restarted; doubles per quick death, capped at 30."""
     dp_max_failed_starts: int = Field(5, ge=1, le=1000)
     """Consecutive starts of a worker that never got ready before its rank is given up."""
     dp_heartbeat_timeout: float = Field(10.0, gt=0, le=3600)
-    """Seconds a ready worker or tensor-parallel rank may stay silent before it is deemed hung, killed and restarted."""
+    """Seconds a ready worker or tensor-parallel rank may stay silent before it is deemed hung, killed and its group restarted (a rank still loading gets 60 s at least; silent 2 s, it already gets no new traffic)."""
     tp_collective_timeout: float = Field(60.0, gt=0, le=3600)
     """Seconds any tensor-parallel collective may take; past it the group is taken down and restarted."""
 
@@ -371,7 +438,7 @@ class ObservabilitySettings(SettingsGroup):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log level."""
     health_timeout: float = Field(20.0, gt=0, le=3600)
-    """Seconds the health encode may take before 503."""
+    """Seconds a probe encode may wait and run (including the one forward ahead of it) before /health says 503."""
 
 
 class EncoderSettings(BaseModel):
@@ -389,6 +456,18 @@ class EncoderSettings(BaseModel):
     cache: CacheSettings = CacheSettings()
     vllm: VllmSettings = VllmSettings()
     observability: ObservabilitySettings = ObservabilitySettings()
+
+    @model_validator(mode="after")
+    def _check_relations(self) -> "EncoderSettings":
+        values, settings = self.flat(), all_settings()
+        for rule in RELATIONS:
+            if values[rule.low] > values[rule.high]:
+                low, high = settings[rule.low], settings[rule.high]
+                raise ValueError(
+                    f"{low.env} / {low.flag} ({values[rule.low]}) must not exceed {high.env} / {high.flag} "
+                    f"({values[rule.high]}): {rule.why}"
+                )
+        return self
 
     def drain_timeout_s(self) -> float:
         """The effective ``DRAIN_TIMEOUT``: as set, else ``REQ_TIMEOUT`` + 5 s (a request admitted just
@@ -447,6 +526,23 @@ class Setting:
         old = self._extra.get("deprecated_env")
         return [str(v) for v in old] if isinstance(old, list) else []
 
+    @property
+    def env_names(self) -> list[str]:
+        """Every env name this setting is read under, in the order they are tried."""
+        return [self.env, self.alias, *self.env_aliases, *self.deprecated_env]
+
+    @property
+    def crd(self) -> str | None:
+        """``"object.field"``: the EncoderPool field ``spec.<object>.<field>`` that is this setting."""
+        crd = self._extra.get("crd")
+        return crd if isinstance(crd, str) else None
+
+    @property
+    def derived_from(self) -> str | None:
+        """What in a pool's spec the operator computes this setting from (None: not rendered this way)."""
+        derived = self._extra.get("derived_from")
+        return derived if isinstance(derived, str) else None
+
 
 def setting_groups() -> dict[str, type[SettingsGroup]]:
     """Each group's name (its field in :class:`EncoderSettings`) and class, in declaration order."""
@@ -499,10 +595,11 @@ def _describe_error(err: Mapping[str, Any], settings: dict[str, Setting]) -> str
     bounds = ", ".join(f"{k} {v}" for k, v in ctx.items() if k in {"ge", "gt", "le", "lt", "expected"})
     allowed = f" (allowed: {bounds})" if bounds else ""
     setting = settings.get(loc[1]) if len(loc) > 1 else None
+    message = str(err["msg"]).removeprefix("Value error, ")
     if setting is not None:
-        return f"invalid setting {setting.env} / {setting.flag}: {err['msg']}{allowed}"
+        return f"invalid setting {setting.env} / {setting.flag}: {message}{allowed}"
     where = f"{loc[0]} settings" if loc else "settings"
-    return f"invalid {where}: {err['msg']}{allowed}"
+    return f"invalid {where}: {message}{allowed}"
 
 
 def load_settings(cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> EncoderSettings:
@@ -520,7 +617,7 @@ def load_settings(cli: Mapping[str, Any] | None = None, env: Mapping[str, str] |
         if name in given:
             groups[setting.group][name] = given[name]
             continue
-        for var in (setting.env, setting.alias, *setting.env_aliases, *setting.deprecated_env):
+        for var in setting.env_names:
             raw = environ.get(var)
             if raw not in (None, ""):
                 groups[setting.group][name] = raw

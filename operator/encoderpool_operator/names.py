@@ -28,32 +28,6 @@ RESERVED_LABELS = (POOL_LABEL, MANAGED_BY_LABEL, NAME_LABEL, INSTANCE_LABEL, COM
 # Set by the StatefulSet controller on every pod it creates: which template revision the pod runs.
 REVISION_LABEL = "controller-revision-hash"
 
-# The encoder settings the operator renders from the spec. spec.env may not set them (the CRD and
-# spec.py refuse it): a second source for the same setting would silently override the spec.
-MANAGED_ENV = (
-    "ENCODER_MODEL_PATH",
-    "ENCODER_HOST",
-    "ENCODER_PORT",
-    "ENCODER_DEVICE",
-    "ENCODER_DP_SIZE",
-    "ENCODER_TP_SIZE",
-    "ENCODER_MAX_BATCH_SIZE",
-    "ENCODER_MAX_WAIT_MS",
-    "ENCODER_MAX_BATCH_TOKENS",
-    "ENCODER_REQ_TIMEOUT",
-    "ENCODER_MAX_QUEUE",
-    "ENCODER_DP_WORKER_MAX_INFLIGHT",
-    "ENCODER_MM_LOAD_WORKERS",
-    "ENCODER_IMAGE_PROCESSOR_USE_GPU",
-    "ENCODER_TRANSFER_BACKEND",
-    "ENCODER_SEND_TIMEOUT",
-    "ENCODER_DRAIN_TIMEOUT",
-    "ENCODER_REGISTER_URLS",
-    "ENCODER_ADVERTISE_URL",
-)
-# What spec.env may not set: the managed names, and older names of the same settings (the pod
-# still reads ENCODER_ENCODER_TRANSFER_BACKEND, which would fight spec.transfer.backend).
-RESERVED_ENV = (*MANAGED_ENV, "ENCODER_ENCODER_TRANSFER_BACKEND")
 # Rendered only when spec.sglang.registerURLs is set (the pod derives its own URL otherwise).
 REGISTRATION_ENV = ("ENCODER_REGISTER_URLS", "ENCODER_ADVERTISE_URL")
 # The pod's own IP from the downward API, for ENCODER_ADVERTISE_URL=http://$(POD_IP):<port>.

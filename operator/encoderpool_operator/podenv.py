@@ -1,8 +1,11 @@
 """What the encoder container is told: its command line and its ``ENCODER_*`` environment.
 
-The env is the contract with ``encoder_pod.settings.EncoderSettings``: a unit test loads the
-rendered env with ``encoder_pod.settings.load_settings`` and compares it field by field, so a
-renamed setting breaks a test instead of being silently ignored by the pod.
+Which variables are rendered, and from which spec field, is generated from the pod's settings
+declaration (``podsettings.py``): a setting that is a spec field (``DIRECT_ENV``) is rendered
+from its value here without naming it; only the settings derived from other spec fields
+(``DERIVED_ENV``: model path, bind address, port, device, drain timeout, SGLang registration)
+are computed by hand below. A unit test loads the rendered env with the pod's own
+``encoder_pod.settings.load_settings`` and compares every setting with the spec.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from encoderpool_operator import names
+from encoderpool_operator.podsettings import DERIVED_ENV, DIRECT_ENV, MANAGED_ENV
 from encoderpool_operator.spec import PoolSpec
 
 # Caches live on an emptyDir because the root filesystem is read-only (restricted pods).
@@ -37,30 +41,42 @@ def _num(value: float | int) -> str:
     return str(int(as_float)) if as_float.is_integer() else repr(as_float)
 
 
-def encoder_settings(spec: PoolSpec) -> dict[str, str]:
-    """The ``ENCODER_*`` variables rendered from the spec (exactly ``names.MANAGED_ENV``)."""
-    b, p = spec.batching, spec.parallelism
+def env_value(value: Any) -> str:
+    """A setting's value as the pod parses it back from its env var."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return _num(value)
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def direct_env(spec: PoolSpec) -> dict[str, str]:
+    """The settings that are spec fields, from their values (unset ones are left to the pod's default)."""
+    values = ((env, getattr(getattr(spec, obj), attr)) for obj, attr, env in DIRECT_ENV)
+    return {env: env_value(value) for env, value in values if value is not None}
+
+
+def derived_env(spec: PoolSpec) -> dict[str, str]:
+    """The settings computed from other spec fields (exactly ``DERIVED_ENV``; registration only when asked)."""
     return {
         "ENCODER_MODEL_PATH": spec.model_path,
+        "ENCODER_DEVICE": "cuda" if spec.gpus_per_pod > 0 else "cpu",
         # 0.0.0.0: the kubelet's probes and the Service reach the pod on its pod IP.
         "ENCODER_HOST": "0.0.0.0",
         "ENCODER_PORT": str(spec.port),
-        "ENCODER_DEVICE": "cuda" if spec.gpus_per_pod > 0 else "cpu",
-        "ENCODER_DP_SIZE": str(p.data),
-        "ENCODER_TP_SIZE": str(p.tensor),
-        "ENCODER_MAX_BATCH_SIZE": str(b.max_batch_size),
-        "ENCODER_MAX_WAIT_MS": _num(b.max_wait_ms),
-        "ENCODER_MAX_BATCH_TOKENS": str(b.max_batch_tokens),
-        "ENCODER_REQ_TIMEOUT": _num(b.request_timeout_seconds),
-        "ENCODER_MAX_QUEUE": str(b.max_queue),
-        "ENCODER_DP_WORKER_MAX_INFLIGHT": str(b.dp_worker_max_inflight),
-        "ENCODER_MM_LOAD_WORKERS": str(b.mm_load_workers),
-        "ENCODER_IMAGE_PROCESSOR_USE_GPU": "true" if b.image_processor_use_gpu else "false",
-        "ENCODER_TRANSFER_BACKEND": spec.transfer.backend,
-        "ENCODER_SEND_TIMEOUT": _num(spec.transfer.send_timeout_seconds),
-        "ENCODER_DRAIN_TIMEOUT": _num(spec.drain_timeout_seconds),
         **registration_env(spec),
+        "ENCODER_DRAIN_TIMEOUT": _num(spec.drain_timeout_seconds),
     }
+
+
+def encoder_settings(spec: PoolSpec) -> dict[str, str]:
+    """The ``ENCODER_*`` variables rendered from the spec, in ``MANAGED_ENV`` order."""
+    rendered = {**derived_env(spec), **direct_env(spec)}
+    unknown = set(rendered) - set(MANAGED_ENV)
+    assert not unknown and set(derived_env(spec)) <= set(DERIVED_ENV), f"not declared pod settings: {unknown}"
+    return {name: rendered[name] for name in MANAGED_ENV if name in rendered}
 
 
 def registration_env(spec: PoolSpec) -> dict[str, str]:

@@ -20,6 +20,7 @@ from encoderpool_operator.podparts import (
     pod_security_context,
     volumes_and_mounts,
 )
+from encoderpool_operator.podsettings import RESERVED_ENV
 from encoderpool_operator.settings import OperatorSettings
 from encoderpool_operator.spec import PoolSpec
 
@@ -109,7 +110,7 @@ def apply_overrides(generated: dict[str, Any], spec: PoolSpec) -> tuple[dict[str
     patch = {"metadata": override.metadata.model_dump(mode="json", exclude_defaults=True), "spec": override.spec}
     merged = merge(generated, patch)
     owned_labels = (*names.RESERVED_LABELS, names.REVISION_LABEL)
-    return protect(generated, merged, names.CONTAINER_NAME, owned_labels, names.RESERVED_ENV, spec.gpu_resource_name)
+    return protect(generated, merged, names.CONTAINER_NAME, owned_labels, RESERVED_ENV, spec.gpu_resource_name)
 
 
 def pod_template(pool_name: str, spec: PoolSpec, settings: OperatorSettings,

@@ -1,5 +1,7 @@
 """The typed EncoderPool spec: the CRD's openAPIV3Schema as pydantic models.
 
+The objects that are pod settings (spec.parallelism, spec.batching, spec.transfer) are
+generated from the pod's settings declaration into ``podsettings.py``; the rest is written here.
 The API server has already applied the CRD's defaults, bounds and CEL rules before the operator
 sees a pool; the same rules are checked again here because a pool can reach the operator without
 them (a CRD installed from an older chart, a server with validation rules disabled), and an
@@ -17,19 +19,16 @@ from pydantic import Field, ValidationError, model_validator
 
 from encoderpool_operator import names
 from encoderpool_operator.errors import InvalidSpecError
+from encoderpool_operator.podsettings import RESERVED_ENV, PodSettingsSpec
 from encoderpool_operator.specmodels import (
     DNS1035,
     QUANTITY_PATTERN,
-    Batching,
     EnvVar,
     LocalObjectReference,
     ModelVolume,
-    Parallelism,
     Quantity,
     Resources,
-    SpecModel,
     Toleration,
-    Transfer,
     parse_quantity,
 )
 from encoderpool_operator.specops import (
@@ -47,13 +46,12 @@ from encoderpool_operator.specops import (
 __all__ = ("QUANTITY_PATTERN", "Pool", "PoolSpec", "parse_pool", "parse_quantity", "parse_spec")
 
 
-class PoolSpec(SpecModel):
-    """``spec`` of an EncoderPool."""
+class PoolSpec(PodSettingsSpec):
+    """``spec`` of an EncoderPool (its pod-settings objects come from :class:`PodSettingsSpec`)."""
 
     model: str = Field(min_length=1, max_length=1024)
     model_volume: ModelVolume | None = None
     replicas: int = Field(1, ge=0, le=1000)
-    parallelism: Parallelism = Field(default_factory=Parallelism)
     device: Literal["cuda", "cpu"] = "cuda"
     max_gpus_per_pod: int = Field(8, ge=1, le=64, alias="maxGPUsPerPod")
     gpu_resource_name: str = Field(
@@ -61,8 +59,6 @@ class PoolSpec(SpecModel):
         max_length=253,
         pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
     )
-    batching: Batching = Field(default_factory=Batching)
-    transfer: Transfer = Field(default_factory=Transfer)
     image: str | None = Field(None, min_length=1)
     image_pull_policy: Literal["Always", "Never", "IfNotPresent"] = "IfNotPresent"
     image_pull_secrets: list[LocalObjectReference] = Field(default_factory=list)
@@ -101,13 +97,11 @@ class PoolSpec(SpecModel):
                 f"GPUs per pod = spec.parallelism.tensor x spec.parallelism.data = {gpus} "
                 f"must not exceed spec.maxGPUsPerPod = {self.max_gpus_per_pod}"
             )
-        if self.device == "cpu" and self.batching.image_processor_use_gpu:
-            raise ValueError("spec.batching.imageProcessorUseGPU needs spec.device=cuda")
-        clash = sorted({e.name for e in self.env} & set(names.RESERVED_ENV))
+        clash = sorted({e.name for e in self.env} & set(RESERVED_ENV))
         if clash:
             raise ValueError(
-                "spec.env must not set an ENCODER_* variable the operator renders from the spec "
-                f"({', '.join(clash)}): set the spec field instead"
+                "spec.env must not set an ENCODER_* variable the operator renders from the spec (or another "
+                f"name the pod reads it under: {', '.join(clash)}): set the spec field instead"
             )
         if len({e.name for e in self.env}) != len(self.env):
             raise ValueError("spec.env has a variable twice")

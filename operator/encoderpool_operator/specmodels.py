@@ -1,7 +1,8 @@
 """Building blocks of the EncoderPool spec: quantities and the sub-objects of the pod spec.
 
 Pure pydantic models mirroring the CRD's openAPIV3Schema (field names and defaults are kept equal
-to the CRD by a unit test). ``spec.py`` assembles them into :class:`PoolSpec`.
+to the CRD by a unit test). ``spec.py`` assembles them into :class:`PoolSpec`. The objects that
+hold pod settings (parallelism, batching, transfer) are generated into ``podsettings.py``.
 """
 
 from __future__ import annotations
@@ -75,41 +76,6 @@ class ModelVolume(SpecModel):
         if self.mount_path.rstrip("/") in {"", "/tmp", "/cache", "/dev/shm"}:
             raise ValueError("spec.modelVolume.mountPath must not be /, /tmp, /cache or /dev/shm")
         return self
-
-
-class Parallelism(SpecModel):
-    """Tensor-parallel ranks per replica and data-parallel replicas per pod."""
-
-    tensor: int = Field(1, ge=1, le=64)
-    data: int = Field(1, ge=1, le=64)
-
-
-class Batching(SpecModel):
-    """The encoder's batching and admission settings (ENCODER_* env of each pod)."""
-
-    max_batch_size: int = Field(8, ge=1, le=4096)
-    max_wait_ms: float = Field(0, ge=0, le=10_000)
-    max_batch_tokens: int = Field(16384, ge=1, le=10_000_000)
-    request_timeout_seconds: float = Field(180, gt=0, le=86_400)
-    max_queue: int = Field(1024, ge=1, le=1_000_000)
-    dp_worker_max_inflight: int = Field(64, ge=1, le=100_000)
-    mm_load_workers: int = Field(4, ge=1, le=256)
-    image_processor_use_gpu: bool = Field(False, alias="imageProcessorUseGPU")
-
-    @model_validator(mode="after")
-    def _batch_fits_queue(self) -> "Batching":
-        if self.max_batch_size > self.max_queue:
-            raise ValueError(
-                "spec.batching.maxBatchSize must not exceed spec.batching.maxQueue: a batch is drawn from the queue"
-            )
-        return self
-
-
-class Transfer(SpecModel):
-    """Where embeddings go once encoded."""
-
-    backend: Literal["auto", "inline", "zmq_to_tokenizer", "zmq_to_scheduler", "mooncake"] = "auto"
-    send_timeout_seconds: float = Field(180, gt=0, le=86_400)
 
 
 class ResourceList(SpecModel):

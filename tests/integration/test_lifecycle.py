@@ -60,7 +60,7 @@ def test_duplicate_inflight_req_id_is_409(tiny_model):
 
 
 def test_queue_full_is_429_at_once(tiny_model):
-    with MediaHost() as host, EncoderServer(tiny_model("qwen2_vl"), env=_held_env(ENCODER_MAX_QUEUE="2")) as server, ThreadPoolExecutor(2) as pool:
+    with MediaHost() as host, EncoderServer(tiny_model("qwen2_vl"), env=_held_env(ENCODER_MAX_QUEUE="2", ENCODER_MAX_BATCH_SIZE="2")) as server, ThreadPoolExecutor(2) as pool:
         held = [pool.submit(encode, server.base_url, f"q{i}", [host.base_url + "/held/40x40.png"]) for i in range(2)]
         _wait_inflight(server, 2)
         started = time.monotonic()

@@ -43,7 +43,7 @@ def reported_without_whitelist() -> set[str]:
     """The names vulture reports on the checked packages when the whitelist is left out."""
     config = vulture_config()
     scan = vulture.Vulture(ignore_decorators=config.get("ignore_decorators"), ignore_names=config.get("ignore_names"))
-    scan.scavenge([str(REPO / p) for p in config["paths"] if p != WHITELIST.name])
+    scan.scavenge([str(REPO / p) for p in config["paths"] if p != WHITELIST.name], exclude=config.get("exclude"))
     return {item.name for item in scan.get_unused_code(min_confidence=config["min_confidence"])}
 
 

@@ -31,3 +31,9 @@ def test_bad_env_setting_exits_2(tmp_path, capsys, monkeypatch):
 def test_unknown_arch_is_refused(tmp_path, capsys):
     assert main(["make-tiny-model", "--arch", "gpt9", "--out", str(tmp_path / "m")]) == 2
     assert "gpt9" in capsys.readouterr().err
+
+
+def test_gpu_preprocessing_is_refused_at_start_naming_the_variable(tmp_path, capsys):
+    assert main(["serve", "--model-path", str(tmp_path), "--image-processor-use-gpu"]) == ExitCode.BAD_SETTINGS
+    err = capsys.readouterr().err
+    assert "ENCODER_IMAGE_PROCESSOR_USE_GPU" in err and "torchvision" in err and "Traceback" not in err

@@ -88,7 +88,11 @@ def test_names_are_flat_and_unique_across_groups():
         ({"ENCODER_ALLOWED_MEDIA_DOMAINS": "http://a.example"}, ["ENCODER_ALLOWED_MEDIA_DOMAINS", "host name only"]),
         ({"ENCODER_ALLOWED_MEDIA_DOMAINS": "a.example:8080"}, ["ENCODER_ALLOWED_MEDIA_DOMAINS", "ports"]),
         ({"ENCODER_ALLOWED_MEDIA_DOMAINS": "a.*.example"}, ["ENCODER_ALLOWED_MEDIA_DOMAINS", "wildcard"]),
-        ({"ENCODER_VIDEO_MIN_FRAMES": "10", "ENCODER_VIDEO_MAX_FRAMES": "2"}, ["video_min_frames", "ENCODER_VIDEO_MAX_FRAMES"]),
+        ({"ENCODER_VIDEO_MIN_FRAMES": "10", "ENCODER_VIDEO_MAX_FRAMES": "2"}, ["ENCODER_VIDEO_MIN_FRAMES", "ENCODER_VIDEO_MAX_FRAMES"]),
+        # The CRD refuses the same pair (spec.batching.maxBatchSize <= maxQueue): so does the pod.
+        ({"ENCODER_MAX_QUEUE": "4"}, ["ENCODER_MAX_BATCH_SIZE / --max-batch-size (8) must not exceed ENCODER_MAX_QUEUE", "(4)"]),
+        ({"ENCODER_MAX_BATCH_SIZE": "64", "SGLANG_ENCODER_MAX_QUEUE": "32"}, ["ENCODER_MAX_QUEUE", "drawn from the queue"]),
+        ({"ENCODER_IMAGE_PROCESSOR_USE_GPU": "true"}, ["ENCODER_IMAGE_PROCESSOR_USE_GPU", "--image-processor-use-gpu", "torchvision"]),
     ],
 )
 def test_bad_values_stop_with_named_variable(env, words):
@@ -122,3 +126,15 @@ def test_settings_are_immutable():
     s = load_settings(env={})
     with pytest.raises(ValueError):
         s.batching.max_batch_size = 3  # type: ignore[misc]
+
+
+def test_image_processor_use_gpu_keeps_sglangs_name_with_false_only():
+    """SGLang deployments that set it false still start; true is refused, never silently ignored."""
+    assert load_settings(env={"SGLANG_ENCODER_IMAGE_PROCESSOR_USE_GPU": "false"}).model.image_processor_use_gpu is False
+    with pytest.raises(SettingsError, match="not supported"):
+        load_settings(cli={"image_processor_use_gpu": True}, env={})
+
+
+def test_a_batch_as_large_as_the_queue_is_allowed():
+    s = load_settings(env={"ENCODER_MAX_QUEUE": "16", "ENCODER_MAX_BATCH_SIZE": "16"})
+    assert (s.batching.max_batch_size, s.admission.max_queue) == (16, 16)

@@ -31,7 +31,7 @@ CASES: dict[str, dict[str, Any]] = {
         "replicas": 3,
         "parallelism": {"tensor": 2, "data": 4},
         "modelVolume": {"persistentVolumeClaim": {"claimName": "models"}},
-        "batching": {"maxBatchSize": 32, "maxWaitMs": 2.5, "maxQueue": 2048, "imageProcessorUseGPU": True},
+        "batching": {"maxBatchSize": 32, "maxWaitMs": 2.5, "maxQueue": 2048},
         "transfer": {"backend": "zmq_to_scheduler"},
     },
     "custom-gpu-resource": {

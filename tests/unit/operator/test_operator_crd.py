@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from encoderpool_operator import names
+from encoderpool_operator.podsettings import RESERVED_ENV
 from encoderpool_operator.spec import parse_pool
 
 pytestmark = pytest.mark.unit
@@ -155,7 +156,7 @@ def test_cel_lists_match_the_operator(openapi: dict[str, Any]) -> None:
     """The reserved env names, reserved labels and name limit in CEL are the operator's own."""
     spec = openapi["properties"]["spec"]["properties"]
     env_rule = spec["env"]["x-kubernetes-validations"][0]["rule"]
-    assert tuple(re.findall(r"'(ENCODER_[A-Z_]+)'", env_rule)) == names.RESERVED_ENV
+    assert tuple(re.findall(r"'([A-Z_]+)'", env_rule)) == RESERVED_ENV
     label_rule = spec["podLabels"]["x-kubernetes-validations"][0]["rule"]
     assert set(re.findall(r"'([^']+)' in self", label_rule)) == set(names.RESERVED_LABELS)
     name_rules = " ".join(r["rule"] for r in openapi["x-kubernetes-validations"])

@@ -1,7 +1,7 @@
 """The env and command the operator renders are exactly what ``encoder-pod serve`` reads.
 
 The rendered env goes through ``encoder_pod.settings.load_settings`` (the pod's own parser) and
-is compared field by field with the spec; the command's flags go through the pod's own argparse
+every setting is compared with the spec; the command's flags go through the pod's own argparse
 flags. A renamed setting on either side fails here instead of being ignored by the pod.
 """
 
@@ -12,9 +12,10 @@ from typing import Any, Callable
 
 import pytest
 
-from encoder_pod.settings import add_settings_arguments, all_settings, load_settings
+from encoder_pod.settings import RELATIONS, add_settings_arguments, all_settings, load_settings
 from encoderpool_operator import names
-from encoderpool_operator.podenv import container_command, container_env, encoder_settings
+from encoderpool_operator.podenv import container_command, container_env, derived_env, encoder_settings
+from encoderpool_operator.podsettings import DERIVED_ENV, DIRECT_ENV, MANAGED_ENV
 from encoderpool_operator.spec import Pool, PoolSpec
 
 pytestmark = pytest.mark.unit
@@ -26,35 +27,29 @@ SPECS = {
         "model": "qwen", "modelVolume": {"persistentVolumeClaim": {"claimName": "c"}, "mountPath": "/w"},
         "parallelism": {"tensor": 2, "data": 4},
         "batching": {"maxBatchSize": 64, "maxWaitMs": 2.5, "maxBatchTokens": 123456, "requestTimeoutSeconds": 30.5,
-                     "maxQueue": 4096, "dpWorkerMaxInflight": 7, "mmLoadWorkers": 16, "imageProcessorUseGPU": True},
+                     "maxQueue": 4096, "dpWorkerMaxInflight": 7, "mmLoadWorkers": 16},
         "transfer": {"backend": "zmq_to_tokenizer", "sendTimeoutSeconds": 12},
     },
     "scheduler-transfer": {"model": "/opt/m", "transfer": {"backend": "zmq_to_scheduler"}},
+    "registering": {"model": "/opt/m", "drain": {"timeoutSeconds": 40}, "sglang": {"registerURLs": ["http://p:8998"]}},
 }
+BY_ENV = {setting.env: name for name, setting in all_settings().items()}
 
 
 def expected_fields(spec: PoolSpec) -> dict[str, Any]:
-    """What each EncoderSettings field must be for this spec."""
-    b = spec.batching
-    return {
+    """What each pod setting the operator renders must be for this spec."""
+    direct = {BY_ENV[env]: getattr(getattr(spec, obj), attr) for obj, attr, env in DIRECT_ENV}
+    direct = {name: value for name, value in direct.items() if value is not None}  # unset: the pod's default
+    derived = {
         "model_path": spec.model_path,
         "host": "0.0.0.0",
         "port": spec.port,
         "device": "cuda" if spec.gpus_per_pod else "cpu",
-        "dp_size": spec.parallelism.data,
-        "tp_size": spec.parallelism.tensor,
-        "max_batch_size": b.max_batch_size,
-        "max_wait_ms": b.max_wait_ms,
-        "max_batch_tokens": b.max_batch_tokens,
-        "req_timeout": b.request_timeout_seconds,
-        "max_queue": b.max_queue,
-        "dp_worker_max_inflight": b.dp_worker_max_inflight,
-        "mm_load_workers": b.mm_load_workers,
-        "image_processor_use_gpu": b.image_processor_use_gpu,
-        "transfer_backend": spec.transfer.backend,
-        "send_timeout": spec.transfer.send_timeout_seconds,
-        **({"drain_timeout": spec.drain_timeout_seconds} if "drain_timeout" in all_settings() else {}),
+        "drain_timeout": spec.drain_timeout_seconds,
     }
+    if spec.sglang.register_urls:
+        derived |= {"register_urls": spec.sglang.register_urls, "advertise_url": f"http://$(POD_IP):{spec.port}"}
+    return direct | derived
 
 
 @pytest.mark.parametrize("case", sorted(SPECS))
@@ -62,10 +57,48 @@ def test_rendered_env_loads_into_the_pod_settings(case: str, make_pool: Callable
     spec = make_pool(SPECS[case]).spec
     env = {e["name"]: e["value"] for e in container_env(spec) if "value" in e}
     loaded = load_settings(env=env).flat()
-    for field, value in expected_fields(spec).items():
+    expected = expected_fields(spec)
+    assert {BY_ENV[name] for name in encoder_settings(spec)} == set(expected), "every rendered setting is checked"
+    for field, value in expected.items():
         got = loaded[field]
         got = got.value if hasattr(got, "value") else got  # enums compare by value
         assert got == value, f"{field}: pod reads {got!r}, spec says {value!r}"
+
+
+def away_from_default(node: dict[str, Any]) -> Any:
+    """A valid value of a CRD field that is not its default (its maximum, another choice, the other boolean)."""
+    if "enum" in node:
+        return next(choice for choice in reversed(node["enum"]) if choice != node.get("default"))
+    if node["type"] == "boolean":
+        return not node.get("default", False)
+    if node["type"] in ("integer", "number"):
+        return node["maximum"] if node.get("default") != node["maximum"] else node["minimum"] + 1
+    return "/x" if node["type"] == "string" else ["x"]
+
+
+def test_every_direct_setting_set_away_from_its_default_reaches_the_pod(openapi: dict[str, Any]) -> None:
+    """Each setting that is a spec field, set to a non-default value, is what the pod reads (no case list to keep up)."""
+    spec_props = openapi["properties"]["spec"]["properties"]
+    raw: dict[str, Any] = {"model": "/m", "device": "cpu"}  # a CPU pool: no GPUs-per-pod bound on the parallelism
+    for obj, _, env in DIRECT_ENV:
+        for key, node in spec_props[obj]["properties"].items():
+            if f"({env})" in node["description"]:
+                raw.setdefault(obj, {})[key] = away_from_default(node)
+    for rule in RELATIONS:  # keep related settings valid: the lower one no higher than the other
+        low = next(((o, k) for o, keys in raw.items() if isinstance(keys, dict) for k in keys
+                    if f"({all_settings()[rule.low].env})" in spec_props[o]["properties"][k]["description"]), None)
+        high = next(((o, k) for o, keys in raw.items() if isinstance(keys, dict) for k in keys
+                     if f"({all_settings()[rule.high].env})" in spec_props[o]["properties"][k]["description"]), None)
+        if low and high:
+            raw[low[0]][low[1]] = min(raw[low[0]][low[1]], raw[high[0]][high[1]])
+    assert {env for _, _, env in DIRECT_ENV} <= {
+        all_settings()[name].env for name in expected_fields(PoolSpec.model_validate(raw))}, "every direct setting was set"
+    spec = PoolSpec.model_validate(raw)
+    loaded = load_settings(env=encoder_settings(spec)).flat()
+    for obj, attr, env in DIRECT_ENV:
+        got, want = loaded[BY_ENV[env]], getattr(getattr(spec, obj), attr)
+        assert (got.value if hasattr(got, "value") else got) == want, env
+        assert want != all_settings()[BY_ENV[env]].info.get_default(call_default_factory=True), f"{env} left at its default"
 
 
 @pytest.mark.parametrize("case", sorted(SPECS))
@@ -83,33 +116,22 @@ def test_command_flags_mean_the_same_as_the_env(case: str, make_pool: Callable[.
         assert from_flags.flat()[field] == from_env.flat()[field]
 
 
-def env_index() -> set[str]:
-    """Every env name the pod reads: ENCODER_<NAME> and the deprecated names it still accepts."""
-    return {var for s in all_settings().values() for var in (s.env, *s.deprecated_env)}
-
-
-POD_SIDE_PENDING = [var for var in names.MANAGED_ENV if var not in env_index()]
-
-
-@pytest.mark.xfail(bool(POD_SIDE_PENDING), strict=True,
-                   reason=f"waits for the encoder pod's settings {POD_SIDE_PENDING} (docs/configuration.md: drain, SGLang registration)")
-def test_every_managed_variable_is_a_pod_setting() -> None:
-    """No ENCODER_* variable the operator sets is silently ignored by the pod (extra='ignore').
-
-    ENCODER_DRAIN_TIMEOUT, ENCODER_REGISTER_URLS and ENCODER_ADVERTISE_URL are the pod-side
-    settings of the lossless drain and of SGLang registration (the encoder track builds them):
-    until encoder_pod.settings has them, this fails, naming the missing ones.
-    """
-    missing = [var for var in names.MANAGED_ENV if var not in env_index()]  # current, alias or deprecated names
-    assert not missing, f"the operator renders settings the encoder pod does not read yet: {missing}"
+def test_the_derived_settings_are_the_declared_ones() -> None:
+    """podenv computes exactly the settings the pod's declaration marks derived_from (registration only when asked)."""
+    registering = PoolSpec.model_validate({"model": "/m", "sglang": {"registerURLs": ["http://p:8998"]}})
+    assert tuple(derived_env(registering)) == DERIVED_ENV
+    plain = tuple(derived_env(PoolSpec(model="/m")))
+    assert plain == tuple(v for v in DERIVED_ENV if v not in names.REGISTRATION_ENV)
 
 
 def test_rendered_names_are_the_managed_list() -> None:
-    """Every managed name is rendered; the registration pair only when the pool registers."""
-    plain = tuple(encoder_settings(PoolSpec(model="/m")))
-    assert plain == tuple(v for v in names.MANAGED_ENV if v not in names.REGISTRATION_ENV)
+    """Every managed name is rendered, in the declared order; the registration pair only when the pool registers."""
+    plain_spec = PoolSpec(model="/m")
+    unset = {env for obj, attr, env in DIRECT_ENV if getattr(getattr(plain_spec, obj), attr) is None}
+    plain = tuple(encoder_settings(plain_spec))
+    assert plain == tuple(v for v in MANAGED_ENV if v not in names.REGISTRATION_ENV and v not in unset)
     registering = PoolSpec.model_validate({"model": "/m", "sglang": {"registerURLs": ["http://p:8998"]}})
-    assert tuple(encoder_settings(registering)) == names.MANAGED_ENV
+    assert tuple(encoder_settings(registering)) == tuple(v for v in MANAGED_ENV if v not in unset)
 
 
 def test_registration_advertises_the_pod_ip_from_the_downward_api(make_pool: Callable[..., Pool]) -> None:
