@@ -17,14 +17,29 @@ _TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144)
 
 
 class EdgeMetrics:
-    """The HTTP edge's families: answered /encode requests by status, and their latency."""
+    """The HTTP edge's families: answered /encode requests by status and error kind, their latency,
+    and the admission bound they are refused beyond (429)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, max_queue: int | None = None) -> None:
         r = registry
         self.requests = Counter("encoder_requests", "Answered /encode requests by HTTP status.", ["code"], registry=r)
+        self.errors = Counter(
+            "encoder_request_errors",
+            "Answered /encode errors by HTTP status and error kind (overloaded, timeout, worker_died, transfer_failed, "
+            "client_gone, ...: what the error message says, in a bounded set of words).",
+            ["code", "kind"],
+            registry=r,
+        )
         self.request_latency = Histogram(
             "encoder_request_seconds", "Total time of an /encode request.", buckets=_LATENCY_BUCKETS, registry=r
         )
+        self.max_queue = Gauge(
+            "encoder_max_queue",
+            "ENCODER_MAX_QUEUE: requests admitted and not yet answered beyond which /encode answers 429.",
+            registry=r,
+        )
+        if max_queue is not None:
+            self.max_queue.set(max_queue)
 
 
 class ReplicaMetrics:
@@ -60,6 +75,26 @@ class ReplicaMetrics:
         )
         self.dropped = Counter(
             f"{p}_dropped_requests", "Requests dropped before compute (caller gone or timed out).", ["reason"], registry=r
+        )
+        self.items = Counter(
+            f"{p}_items", "Media items encoded (cache hits included), by modality.", ["modality"], registry=r
+        )
+        self.audio_seconds = Counter(
+            f"{p}_audio_seconds", "Seconds of audio decoded for encoding (cache hits are not decoded again).", registry=r
+        )
+        self.delivery_latency = Histogram(
+            f"{p}_delivery_seconds",
+            "Delivery of one request's embedding, by transfer backend (inline: building the answer; a push or a "
+            "pull: until the prefill side has it or the delivery failed).",
+            ["backend"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.delivery_failures = Counter(
+            f"{p}_delivery_failures",
+            "Deliveries to the prefill side that failed, by transfer backend and error kind.",
+            ["backend", "kind"],
+            registry=r,
         )
 
     def render(self) -> bytes:

@@ -46,6 +46,7 @@ from encoder_pod.protocol import EncodeRequest, ItemSpec, parse_encode_request
 from encoder_pod.readiness import LoadStep, Readiness, ReplicaState
 from encoder_pod.settings import EncoderSettings
 from encoder_pod.transfer.inline import InlineAnswer
+from encoder_pod.transfer.base import Transfer
 from encoder_pod.transfer.router import TransferRouter
 
 log = logging.getLogger(__name__)
@@ -200,10 +201,22 @@ class EncoderRuntime:
                     entry = await self._enqueue(request, adapter, deadline)
                     part = await self._await_part(entry, deadline)
                 self.readiness.success.record()
-                return await transfer.deliver(request, part)
+                self.metrics.items.labels(modality=request.modality.value).inc(len(request.items))
+                return await self._deliver(transfer, request, part)
             except EncoderError as err:
                 await transfer.deliver_error(request, err)
                 raise
+
+    async def _deliver(self, transfer: Transfer, request: EncodeRequest, part: EncodedPart) -> InlineAnswer | None:
+        """``transfer.deliver``, timed and its failures counted by backend (``encoder_delivery_*``)."""
+        started = time.perf_counter()
+        try:
+            return await transfer.deliver(request, part)
+        except EncoderError as err:
+            self.metrics.delivery_failures.labels(backend=transfer.name, kind=err.kind.value).inc()
+            raise
+        finally:
+            self.metrics.delivery_latency.labels(backend=transfer.name).observe(time.perf_counter() - started)
 
     async def _enqueue(self, request: EncodeRequest, adapter: EncoderAdapter, deadline: float) -> PendingEntry:
         """Fetch, decode and measure the items (media threads), then hand the request to the batcher.
@@ -343,6 +356,8 @@ class EncoderRuntime:
     def _decode_one(self, modality: Modality, data: bytes, adapter: EncoderAdapter) -> tuple[MediaItem, int]:
         """Decode and measure one item's bytes."""
         item = decode_item(modality, data, adapter, self.settings.media)
+        if modality is Modality.AUDIO and adapter.sample_rate:
+            self.metrics.audio_seconds.inc(len(item.data) / adapter.sample_rate)
         return item, adapter.measure(item)
 
     def _fetch_one(self, spec: ItemSpec) -> tuple[bytes, bytes]:

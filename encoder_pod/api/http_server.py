@@ -133,6 +133,15 @@ def error_response(exc: Exception, path: str, gone: GoneClients) -> Response:
     return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", None), status_code=500)
 
 
+def error_kind(exc: Exception) -> str:
+    """The ``kind`` label of ``encoder_request_errors_total`` for an exception the error table answered."""
+    if isinstance(exc, ClientDisconnect):
+        return "client_gone"
+    if isinstance(exc, EncoderError):
+        return exc.kind.value
+    return "internal"
+
+
 def _install_error_table(app: FastAPI, gone: GoneClients) -> None:
     """:func:`error_response` for every route of ``app``."""
 
@@ -212,7 +221,7 @@ class EncodeRoute:
         self._offload = offload
         self._lifecycle = lifecycle
         self._gone = gone
-        self._metrics = EdgeMetrics(engine.registry)
+        self._metrics = EdgeMetrics(engine.registry, settings.admission.max_queue)
         self._drain_timeout = settings.drain_timeout_s()
         self._gated = DrainGate(self._answer, lifecycle)
 
@@ -231,7 +240,7 @@ class EncodeRoute:
     async def _encode(self, request: Request) -> Response:
         """Encode a request's media items and deliver the embedding (SGLang's /encode)."""
         started = time.perf_counter()
-        code, req_id, lifecycle = 200, None, self._lifecycle
+        code, kind, req_id, lifecycle = 200, "", None, self._lifecycle
         try:
             if lifecycle.arrived_draining(request.scope):  # new work during a drain; earlier arrivals go on
                 await _discard_body(request, self._settings.server.max_request_bytes)
@@ -244,10 +253,12 @@ class EncodeRoute:
             if isinstance(exc, EncoderError):
                 exc.req_id = exc.req_id or (req_id if isinstance(req_id, str) else None)
             response = error_response(exc, "/encode", self._gone)
-            code = response.status_code
+            code, kind = response.status_code, error_kind(exc)
             return response
         finally:
             self._metrics.requests.labels(code=str(code)).inc()
+            if kind:
+                self._metrics.errors.labels(code=str(code), kind=kind).inc()
             self._metrics.request_latency.observe(time.perf_counter() - started)
 
 

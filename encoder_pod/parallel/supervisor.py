@@ -49,6 +49,10 @@ def restart_delay(base: float, quick_deaths: int) -> float:
     return min(BACKOFF_CAP_S, base * 2 ** max(0, quick_deaths - 1))
 
 
+DEATH_REASONS = ("killed", "crashed", "hung", "load_failed", "tp_group_down", "exited", "unknown")
+"""Every ``reason`` of ``encoder_dp_worker_deaths_total`` (:func:`describe_exit`, and ``hung``)."""
+
+
 def describe_exit(code: int | None) -> tuple[str, str]:
     """(metric reason, human text) of a process exit code."""
     if code is None:
@@ -101,6 +105,10 @@ class Supervisor:
         self._loop = asyncio.get_running_loop()
         for handle in self.handles:
             self._metrics.up.labels(rank=str(handle.rank)).set(0)
+            # Exported at 0 from the start, so increase() over a window counts the first death and restart.
+            self._metrics.restarts.labels(rank=str(handle.rank))
+            for reason in DEATH_REASONS:
+                self._metrics.deaths.labels(rank=str(handle.rank), reason=reason)
             self._spawn(handle)
         self._liveness = self._loop.create_task(self._liveness_loop(), name="dp-liveness")
 

@@ -47,6 +47,18 @@ class _Slot:
     queued: bool = False
 
 
+RESULTS = ("ok", "waiting", "failed", "error")
+"""The ``result`` label of ``encoderpool_operator_reconciles_total``."""
+
+
+def error_types(base: type[OperatorError] = OperatorError) -> list[str]:
+    """Names of every OperatorError subclass: the ``error`` label of ``..._reconcile_errors_total``."""
+    found = []
+    for cls in base.__subclasses__():
+        found += [cls.__name__, *error_types(cls)]
+    return sorted(set(found))
+
+
 class Engine:
     """Serialises and schedules reconciles of pools."""
 
@@ -55,6 +67,12 @@ class Engine:
         self.client = client
         self.settings = settings
         self.metrics = metrics or OperatorMetrics()
+        # Every result and error type exported at 0 from the start: rate() and increase() over a
+        # window then count the first error too (a series born at 1 shows no increase).
+        for result in RESULTS:
+            self.metrics.reconciles.labels(result)
+        for error in error_types():
+            self.metrics.errors.labels(error)
         self._clock = clock
         self._snapshot = snapshot
         self._slots: dict[Key, _Slot] = {}
@@ -107,6 +125,7 @@ class Engine:
         self.metrics.reconciles.labels(result).inc()
         self.metrics.writes.inc(outcome.writes)
         self.metrics.pool_reason(namespace, name, outcome.status.get("reason") if outcome.found else None)
+        self.metrics.pool_status(namespace, name, outcome.status if outcome.found else None, outcome.desired)
         return outcome
 
     async def nudge(self, namespace: str, name: str) -> None:

@@ -82,6 +82,7 @@ class Outcome:
     failed: str | None = None  # InvalidSpec/ApplyFailed message: retrying the same spec is futile
     waiting: str | None = None  # children not settled yet: retry soon
     writes: int = 0  # applies, deletes and status patches made
+    desired: int | None = None  # spec.replicas, when the spec parsed
 
     @property
     def ready(self) -> bool:
@@ -248,4 +249,4 @@ def reconcile(client: Client, namespace: str, name: str, settings: OperatorSetti
     if failure is None and any(c["reason"] == status.WAITING_FOR_STATEFULSET for c in new["conditions"]):
         waiting = f"StatefulSet {namespace}/{name} not yet observed by its controller"
     return Outcome(True, new, events, failed=failure[1] if failure else None, waiting=waiting,
-                   writes=writes + status_writes)
+                   writes=writes + status_writes, desired=pool.spec.replicas)

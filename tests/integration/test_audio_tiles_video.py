@@ -156,6 +156,8 @@ def server_info(server: EncoderServer) -> dict:
 def test_audio_at_other_rates_gives_the_model_rate_embedding(server_for, arch):
     server = server_for(arch)
     assert server_info(server)["model"]["sample_rate"] == 16_000
+    audio_before = server.metric("encoder_audio_seconds_total")
+    items_before = server.metric("encoder_items_total", 'modality="AUDIO"')
     reference = embedding(encode(server.base_url, "ref", [_wav(2.0, 16_000)], modality="AUDIO"))
     for rate in (8_000, 22_050, 44_100):
         got = embedding(encode(server.base_url, f"r{rate}", [_wav(2.0, rate)], modality="AUDIO"))
@@ -165,6 +167,9 @@ def test_audio_at_other_rates_gives_the_model_rate_embedding(server_for, arch):
         assert np.abs(got - reference).mean() < 1e-3
     other = embedding(encode(server.base_url, "other", [_wav(2.0, 16_000, seed=1)], modality="AUDIO"))
     assert np.abs(other - reference).max() > 0.05  # the tolerance above does tell signals apart
+    # Five 2 s clips, whatever their source rate: 10 s of audio, five AUDIO items.
+    assert server.metric("encoder_audio_seconds_total") - audio_before == pytest.approx(10.0, abs=0.01)
+    assert server.metric("encoder_items_total", 'modality="AUDIO"') - items_before == 5
 
 
 def _checkpoint_at_24k(tiny_model, root: Path) -> Path:

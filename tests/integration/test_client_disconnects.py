@@ -66,6 +66,7 @@ def test_clients_gone_mid_body_or_before_the_answer_are_499_not_500_and_log_one_
         # encode won the race with the close and its answer went nowhere).
         _wait_metric(server, partial + whole)
         gone = server.metric("encoder_requests_total", 'code="499"')
+        assert server.metric("encoder_request_errors_total", 'code="499"', 'kind="client_gone"') == gone
         # The server still serves.
         ok = encode(server.base_url, "after", [uri], timeout=60)
         assert embedding(ok).size > 0

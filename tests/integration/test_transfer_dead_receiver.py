@@ -64,6 +64,8 @@ def test_dead_receiver_fails_fast_and_leaks_nothing(tiny_model):
             results = list(pool.map(push, range(200)))
         statuses = {s for s, _, _ in results}
         assert statuses == {502}, statuses
+        failed = server.metric("encoder_delivery_failures_total", 'backend="zmq_to_tokenizer"', 'kind="transfer_failed"')
+        assert failed == 300 and server.metric("encoder_request_errors_total", 'code="502"', 'kind="transfer_failed"') == 300
         for i, (_, message, _) in enumerate(results):
             assert f"127.0.0.1:{dead_ports[i % len(dead_ports)]}" in message, message
         # Each waits its own SEND_TIMEOUT (plus encode and queueing behind 24 others on 2 cores).

@@ -8,6 +8,8 @@ import httpx
 import pytest
 
 from encoderpool_operator.client import resource_of
+from encoderpool_operator import errors
+from encoderpool_operator.engine import error_types
 from encoderpool_operator.metrics import OperatorMetrics
 from encoderpool_operator.serving import StatusServer
 
@@ -54,6 +56,28 @@ def test_pools_by_reason_follow_each_pools_latest_reason() -> None:
     assert value("encoderpool_operator_pools", {"reason": "Starting"}) == 0
 
 
+def test_each_pools_replicas_and_current_conditions_are_gauges_that_follow_it() -> None:
+    metrics = OperatorMetrics()
+    value = metrics.registry.get_sample_value
+    starting = {"readyReplicas": 1, "conditions": [
+        {"type": "Ready", "status": "False", "reason": "Starting"},
+        {"type": "Progressing", "status": "True", "reason": "Starting"}]}
+    metrics.pool_status("ml", "a", starting, desired=2)
+    replicas = "encoderpool_operator_pool_replicas"
+    assert value(replicas, {"pool_namespace": "ml", "pool": "a", "state": "desired"}) == 2
+    assert value(replicas, {"pool_namespace": "ml", "pool": "a", "state": "ready"}) == 1
+    stalled = {"readyReplicas": 1, "conditions": [
+        {"type": "Ready", "status": "False", "reason": "Starting"},
+        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}]}
+    metrics.pool_status("ml", "a", stalled, desired=2)
+    cond = "encoderpool_operator_pool_condition"
+    labels = {"pool_namespace": "ml", "pool": "a", "type": "Progressing"}
+    assert value(cond, {**labels, "status": "False", "reason": "ProgressDeadlineExceeded"}) == 1
+    assert value(cond, {**labels, "status": "True", "reason": "Starting"}) is None  # the old one is gone, not 0
+    metrics.pool_status("ml", "a", None, desired=None)  # deleted: no series of it is left
+    assert "pool=\"a\"" not in metrics.render().decode()
+
+
 @pytest.mark.parametrize(
     ("path", "resource", "collection"),
     [
@@ -67,3 +91,9 @@ def test_pools_by_reason_follow_each_pools_latest_reason() -> None:
 )
 def test_requests_are_counted_by_resource(path: str, resource: str, collection: bool) -> None:
     assert resource_of(path) == (resource, collection)
+
+
+def test_every_reconcile_error_type_is_a_label_known_before_the_first_error() -> None:
+    names = error_types()
+    assert {"UnavailableError", "ConflictError", "ForbiddenError", "InvalidSpecError"} <= set(names)
+    assert all(issubclass(getattr(errors, name), errors.OperatorError) for name in names)

@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from encoder_pod.parallel.placement import plan, visible_gpus
-from encoder_pod.parallel.supervisor import BACKOFF_CAP_S, describe_exit, restart_delay
+from encoder_pod.parallel.supervisor import BACKOFF_CAP_S, DEATH_REASONS, describe_exit, restart_delay
 from encoder_pod.exitcodes import ExitCode
 from encoder_pod.settings import SettingsError, load_settings
 
@@ -59,3 +59,8 @@ def test_exit_reasons():
     assert describe_exit(ExitCode.MODEL_LOAD_FAILED)[0] == "load_failed"
     assert describe_exit(ExitCode.TP_GROUP_DOWN)[0] == "tp_group_down"
     assert describe_exit(1) == ("crashed", "exited with code 1")
+
+
+def test_every_exit_reason_is_among_those_exported_at_zero_from_the_start():
+    codes = [None, 0, 1, -signal.SIGKILL, -signal.SIGSEGV, -99, *ExitCode]
+    assert {describe_exit(code)[0] for code in codes} | {"hung"} == set(DEATH_REASONS)
