@@ -70,6 +70,7 @@ control-plane:
 
 test: lint control-plane
 	bash hack/system-libs.sh
+	bash hack/prometheus.sh
 	bash hack/run-tests.sh $(PYTEST_ARGS)
 
 test-unit: venv
@@ -77,9 +78,11 @@ test-unit: venv
 
 test-integration: venv
 	bash hack/system-libs.sh
+	bash hack/prometheus.sh
 	$(VENV)/bin/pytest -m integration $(PYTEST_ARGS)
 
 e2e: venv control-plane
+	bash hack/prometheus.sh
 	$(VENV)/bin/pytest -m e2e $(PYTEST_ARGS)
 
 cluster: venv control-plane

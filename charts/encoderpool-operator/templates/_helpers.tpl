@@ -58,3 +58,13 @@ app.kubernetes.io/part-of: encoderpool
 {{- $ctx := index . 0 }}{{- $suffix := index . 1 }}
 {{- printf "%s%s" (include "encoderpool-operator.fullname" $ctx | trunc (int (sub 63 (len $suffix))) | trimSuffix "-") $suffix }}
 {{- end }}
+
+{{/* An alert's runbook annotations: always where it is documented, and runbook_url when
+     metrics.prometheusRule.runbookBaseURL is set. Usage: include "encoderpool-operator.runbook" (list .Values.metrics.prometheusRule "anchor") */}}
+{{- define "encoderpool-operator.runbook" -}}
+{{- $rule := index . 0 }}{{- $anchor := index . 1 -}}
+runbook: docs/observability.md#{{ $anchor }}
+{{- with $rule.runbookBaseURL }}
+runbook_url: {{ printf "%s#%s" (trimSuffix "/" .) $anchor }}
+{{- end }}
+{{- end }}

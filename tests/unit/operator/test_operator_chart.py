@@ -1,17 +1,14 @@
 """The Helm chart: its CRD copy, its values contract, and what it renders.
 
 The rendering tests run the real helm (built from its Go module by hack/build-control-plane.sh
-and cached outside the repo; found through $ENCODERPOOL_HELM or the control-plane env file) and
-are integration tests. They skip, saying why, when helm has not been built yet.
+and cached outside the repo; found by tests/support/helm.py) and are integration tests. They
+skip, saying why, when helm has not been built yet.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -20,58 +17,16 @@ import yaml
 
 from encoderpool_operator import rbac
 from encoderpool_operator.settings import ENV_PREFIX, OperatorSettings
-
-CHART = Path(__file__).resolve().parents[3] / "charts" / "encoderpool-operator"
-DEFAULT_KUBE_VERSION = "1.35.4"
-
-
-def control_plane_env() -> dict[str, str]:
-    """KEY=VALUE lines of the env file the control-plane build writes (empty if not built)."""
-    cache = Path(os.environ.get("ENCODERPOOL_CACHE") or Path.home() / ".cache" / "encoderpool")
-    path = cache / "bin" / "control-plane.env"
-    if not path.is_file():
-        return {}
-    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line and not line.startswith("#"))
-    return {k.strip(): v.strip() for k, v in pairs}
+from tests.support.helm import CHART, MISSING, helm_path, render, run_helm
 
 
 @pytest.fixture(scope="module")
 def helm() -> str:
     """Path of the helm binary, or skip."""
-    path = os.environ.get("ENCODERPOOL_HELM") or control_plane_env().get("HELM", "")
-    if not path or not os.access(path, os.X_OK):
-        pytest.skip("helm is not built yet: run `make control-plane` (or set ENCODERPOOL_HELM)")
+    path = helm_path()
+    if path is None:
+        pytest.skip(MISSING)
     return path
-
-
-def kube_version() -> str:
-    # The locally built helm has no default Kubernetes version stamped in (it says v1.20), and
-    # the chart requires >= 1.30: render for the version the control plane runs.
-    return control_plane_env().get("K8S_VERSION", DEFAULT_KUBE_VERSION).lstrip("v")
-
-
-def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([helm, *args, "--kube-version", kube_version()], capture_output=True, text=True, timeout=60)
-
-
-def render(helm: str, *sets: str, release: str = "encpool", strings: tuple[str, ...] = ()) -> dict[str, Any]:
-    """helm template -> {kind: object}, or {kind: [objects]} for kinds rendered more than once."""
-    args = ["template", release, str(CHART), "--namespace", "ops"]
-    for s in sets:
-        args += ["--set", s]
-    for s in strings:
-        args += ["--set-string", s]
-    done = run_helm(helm, *args)
-    assert done.returncode == 0, done.stderr
-    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
-    by_kind: dict[str, Any] = {}
-    for doc in docs:
-        if doc["kind"] in by_kind:
-            previous = by_kind[doc["kind"]]
-            by_kind[doc["kind"]] = (previous if isinstance(previous, list) else [previous]) + [doc]
-        else:
-            by_kind[doc["kind"]] = doc
-    return by_kind
 
 
 def listed(objs: dict[str, Any], kind: str) -> list[dict[str, Any]]:
@@ -240,3 +195,58 @@ def test_long_release_names_are_cut_to_63(helm: str) -> None:
         assert len(obj["metadata"]["name"]) <= 63 and not obj["metadata"]["name"].endswith("-")
         for value in obj["metadata"]["labels"].values():
             assert len(value) <= 63
+
+
+@pytest.mark.integration
+def test_dashboard_configmap_carries_the_committed_dashboard_for_the_sidecar(helm: str) -> None:
+    assert "ConfigMap" not in render(helm)
+    objs = render(helm, "metrics.dashboard.enabled=true", "metrics.dashboard.annotations.grafana_folder=Encoders")
+    config = objs["ConfigMap"]
+    assert config["metadata"]["namespace"] == "ops"
+    assert config["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config["metadata"]["annotations"] == {"grafana_folder": "Encoders"}
+    committed = json.loads((CHART / "dashboards" / "encoderpool.json").read_text())
+    assert json.loads(config["data"]["encoderpool.json"]) == committed
+    moved = render(helm, "metrics.dashboard.enabled=true", "metrics.dashboard.namespace=monitoring",
+                   "metrics.dashboard.labels.grafana_dashboard=null", "metrics.dashboard.labels.team=ml")["ConfigMap"]
+    assert moved["metadata"]["namespace"] == "monitoring"
+    assert moved["metadata"]["labels"]["team"] == "ml" and "grafana_dashboard" not in moved["metadata"]["labels"]
+
+
+@pytest.mark.integration
+def test_prometheus_rule_thresholds_and_labels_come_from_values(helm: str) -> None:
+    assert "PrometheusRule" not in render(helm)
+    rule = render(helm, "metrics.prometheusRule.enabled=true", "metrics.prometheusRule.labels.release=prom",
+                  "metrics.prometheusRule.alertLabels.team=ml",
+                  "metrics.prometheusRule.latencyHigh.p99Seconds=2.5", "metrics.prometheusRule.latencyHigh.for=15m",
+                  "metrics.prometheusRule.workerCrashLoop.restarts=7", "metrics.prometheusRule.rateWindow=10m",
+                  "metrics.prometheusRule.runbookBaseURL=https://docs.example.com/observability.md/")["PrometheusRule"]
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    alerts = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"]}
+    assert set(alerts) == {"EncoderPoolReplicasNotReady", "EncoderPoolQueueSaturated", "EncoderWorkerCrashLooping",
+                           "EncoderDeliveryFailing", "EncoderLatencyHigh", "EncoderPoolOperatorFailure"}
+    latency = alerts["EncoderLatencyHigh"]
+    assert latency["expr"].rstrip().endswith("> 2.5") and "[10m]" in latency["expr"] and latency["for"] == "15m"
+    assert alerts["EncoderWorkerCrashLooping"]["expr"].rstrip().endswith(">= 7")
+    for name, alert in alerts.items():
+        assert alert["labels"]["team"] == "ml" and alert["labels"]["severity"] in ("warning", "critical")
+        assert alert["annotations"]["runbook_url"] == f"https://docs.example.com/observability.md#{name.lower()}"
+
+
+@pytest.mark.integration
+def test_encoder_pod_monitor_labels_series_with_the_pool(helm: str) -> None:
+    monitor = render(helm, "metrics.encoderPodMonitor.enabled=true")["PodMonitor"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["relabelings"] == [{"sourceLabels": ["__meta_kubernetes_pod_label_encoderpool_io_pool"],
+                                        "targetLabel": "pool"}]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("value", ["metrics.dashboard.enabeld=true", "metrics.prometheusRule.latencyHigh.p99Second=1",
+                                   "metrics.prometheusRule.queueSaturation.ratio=5", "metrics.prometheusRule.deliveryFailing.ratio=1.5",
+                                   "metrics.prometheusRule.latencyHigh.p99Seconds=0",
+                                   "metrics.prometheusRule.replicasNotReady.for=ten",
+                                   "metrics.prometheusRule.workerCrashLoop.restarts=0"])
+def test_a_bad_observability_value_fails(helm: str, value: str) -> None:
+    done = run_helm(helm, "template", "encpool", str(CHART), "--set", value)
+    assert done.returncode != 0 and "schema" in done.stderr, done.stderr
