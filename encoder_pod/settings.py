@@ -108,6 +108,7 @@ CRD_OBJECTS: dict[str, str] = {
     "parallelism": "Parallelism inside one pod. GPUs per pod = tensor x data (on spec.device=cuda).",
     "batching": "Batching and admission settings of every encoder pod (its ENCODER_* environment).",
     "transfer": "Where embeddings go once encoded.",
+    "vllm": "How the pods name and store embeddings for vLLM consumers (docs/vllm.md); the face is on with spec.vllmStorage.",
 }
 """The objects of an EncoderPool's spec that hold pod settings (``names(crd="<object>.<field>")``), with their doc."""
 
@@ -418,17 +419,18 @@ class CacheSettings(SettingsGroup):
 class VllmSettings(SettingsGroup):
     """vLLM's EPD: this pod as the encoder instance of unmodified vLLM prefill instances (docs/vllm.md)."""
 
-    vllm_storage_path: str | None = None
+    vllm_storage_path: str | None = Field(None, json_schema_extra=names(
+        derived_from="/vllm-ec when spec.vllmStorage is set (its claim, or an emptyDir per pod, mounted there)"))
     """Folder vLLM consumers' ECExampleConnector reads (its shared_storage_path); unset = POST /v1/chat/completions is off."""
-    vllm_model_id: str = ""
+    vllm_model_id: str = Field("", max_length=1024, json_schema_extra=names(crd="vllm.modelID"))
     """The --model string the vLLM consumers were started with (their mm_hash's model id); empty = MODEL_PATH as given."""
-    vllm_mm_hasher_algorithm: Literal["blake3", "sha256", "sha512"] = "blake3"
+    vllm_mm_hasher_algorithm: Literal["blake3", "sha256", "sha512"] = Field("blake3", json_schema_extra=names(crd="vllm.hasherAlgorithm"))
     """The consumers' --mm-hasher-algorithm (used for items that carry no uuid, or request-level kwargs)."""
-    vllm_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    vllm_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", json_schema_extra=names(crd="vllm.dtype"))
     """dtype of the stored embeddings, the consumers' --dtype; auto = the encoder's own dtype."""
-    vllm_storage_max_mb: int = Field(10_240, ge=1, le=1 << 30)
+    vllm_storage_max_mb: int = Field(10_240, ge=1, le=1 << 30, json_schema_extra=names(crd="vllm.storageMaxMB"))
     """Most MiB of stored embeddings; the oldest files are removed beyond (vLLM deletes none)."""
-    vllm_storage_ttl: float = Field(3600.0, gt=0, le=30 * 86_400)
+    vllm_storage_ttl: float = Field(3600.0, gt=0, le=30 * 86_400, json_schema_extra=names(crd="vllm.storageTTLSeconds"))
     """Seconds a stored embedding is kept (consumers read it within seconds of the answer)."""
 
 

@@ -30,6 +30,9 @@ REVISION_LABEL = "controller-revision-hash"
 
 # Rendered only when spec.sglang.registerURLs is set (the pod derives its own URL otherwise).
 REGISTRATION_ENV = ("ENCODER_REGISTER_URLS", "ENCODER_ADVERTISE_URL")
+# Where vLLM's consumers read the stored embeddings (spec.vllmStorage): its claim, or an emptyDir per pod.
+VLLM_STORAGE_VOLUME = "vllm-ec"
+VLLM_STORAGE_DIR = "/vllm-ec"
 # The pod's own IP from the downward API, for ENCODER_ADVERTISE_URL=http://$(POD_IP):<port>.
 POD_IP_ENV = "POD_IP"
 

@@ -68,6 +68,7 @@ def derived_env(spec: PoolSpec) -> dict[str, str]:
         "ENCODER_PORT": str(spec.port),
         **registration_env(spec),
         "ENCODER_DRAIN_TIMEOUT": _num(spec.drain_timeout_seconds),
+        **({"ENCODER_VLLM_STORAGE_PATH": names.VLLM_STORAGE_DIR} if spec.vllm_storage is not None else {}),
     }
 
 

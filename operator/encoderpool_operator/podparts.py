@@ -129,7 +129,8 @@ def model_cache_volume(spec: PoolSpec) -> dict[str, Any] | None:
 
 
 def volumes_and_mounts(spec: PoolSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Writable emptyDirs for the read-only root, shared memory for DP workers, the model or its cache."""
+    """Writable emptyDirs for the read-only root, shared memory for DP workers, the model or its cache,
+    and with spec.vllmStorage the stored embeddings (the pool's shared claim, or an emptyDir per pod)."""
     volumes: list[dict[str, Any]] = [
         {"name": "tmp", "emptyDir": {}},
         {"name": "cache", "emptyDir": {}},
@@ -150,6 +151,11 @@ def volumes_and_mounts(spec: PoolSpec) -> tuple[list[dict[str, Any]], list[dict[
     if cache is not None:
         volumes.append(cache)
         mounts.append({"name": names.MODEL_CACHE_VOLUME, "mountPath": names.MODEL_CACHE_DIR})
+    if spec.vllm_storage is not None:
+        claim = spec.vllm_storage.claim_name
+        source = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
+        volumes.append({"name": names.VLLM_STORAGE_VOLUME, **source})
+        mounts.append({"name": names.VLLM_STORAGE_VOLUME, "mountPath": names.VLLM_STORAGE_DIR})
     return volumes, mounts
 
 

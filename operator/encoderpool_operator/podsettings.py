@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 
 from encoderpool_operator.specmodels import SpecModel
 
-__all__ = ("DERIVED_ENV", "DIRECT_ENV", "MANAGED_ENV", "RESERVED_ENV", "PodSettingsSpec", "Parallelism", "Batching", "Transfer")
+__all__ = ("DERIVED_ENV", "DIRECT_ENV", "MANAGED_ENV", "RESERVED_ENV", "PodSettingsSpec", "Parallelism", "Batching", "Transfer", "Vllm")
 
 
 class Parallelism(SpecModel):
@@ -62,12 +62,28 @@ class Transfer(SpecModel):
     """Seconds a push to prefill may take before it fails (including the wait for its /scheduler_receive_url registration) (ENCODER_SEND_TIMEOUT)."""
 
 
+class Vllm(SpecModel):
+    """How the pods name and store embeddings for vLLM consumers (docs/vllm.md); the face is on with spec.vllmStorage."""
+
+    model_id: str = Field("", max_length=1024, alias="modelID")
+    """The --model string the vLLM consumers were started with (their mm_hash's model id); empty = MODEL_PATH as given (ENCODER_VLLM_MODEL_ID)."""
+    hasher_algorithm: Literal["blake3", "sha256", "sha512"] = Field("blake3", alias="hasherAlgorithm")
+    """The consumers' --mm-hasher-algorithm (used for items that carry no uuid, or request-level kwargs) (ENCODER_VLLM_MM_HASHER_ALGORITHM)."""
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", alias="dtype")
+    """dtype of the stored embeddings, the consumers' --dtype; auto = the encoder's own dtype (ENCODER_VLLM_DTYPE)."""
+    storage_max_mb: int = Field(10240, ge=1, le=1073741824, alias="storageMaxMB")
+    """Most MiB of stored embeddings; the oldest files are removed beyond (vLLM deletes none) (ENCODER_VLLM_STORAGE_MAX_MB)."""
+    storage_ttlseconds: float = Field(3600.0, gt=0, le=2592000, alias="storageTTLSeconds")
+    """Seconds a stored embedding is kept (consumers read it within seconds of the answer) (ENCODER_VLLM_STORAGE_TTL)."""
+
+
 class PodSettingsSpec(SpecModel):
     """The spec objects that hold pod settings (PoolSpec extends it)."""
 
     parallelism: Parallelism = Field(default_factory=Parallelism)
     batching: Batching = Field(default_factory=Batching)
     transfer: Transfer = Field(default_factory=Transfer)
+    vllm: Vllm = Field(default_factory=Vllm)
 
 
 DIRECT_ENV: tuple[tuple[str, str, str], ...] = (
@@ -82,6 +98,11 @@ DIRECT_ENV: tuple[tuple[str, str, str], ...] = (
     ("parallelism", "data", "ENCODER_DP_SIZE"),
     ("parallelism", "tensor", "ENCODER_TP_SIZE"),
     ("batching", "dp_worker_max_inflight", "ENCODER_DP_WORKER_MAX_INFLIGHT"),
+    ("vllm", "model_id", "ENCODER_VLLM_MODEL_ID"),
+    ("vllm", "hasher_algorithm", "ENCODER_VLLM_MM_HASHER_ALGORITHM"),
+    ("vllm", "dtype", "ENCODER_VLLM_DTYPE"),
+    ("vllm", "storage_max_mb", "ENCODER_VLLM_STORAGE_MAX_MB"),
+    ("vllm", "storage_ttlseconds", "ENCODER_VLLM_STORAGE_TTL"),
 )
 """``(spec object, attribute, env name)`` of every setting that is a spec field, rendered from its value."""
 DERIVED_ENV: tuple[str, ...] = (
@@ -92,6 +113,7 @@ DERIVED_ENV: tuple[str, ...] = (
     "ENCODER_REGISTER_URLS",  # from spec.sglang.registerURLs
     "ENCODER_ADVERTISE_URL",  # http://$(POD_IP):<spec.port> when spec.sglang.registerURLs is set (the pod IP from the downward API)
     "ENCODER_DRAIN_TIMEOUT",  # from spec.drain.timeoutSeconds (unset: spec.batching.requestTimeoutSeconds + 5)
+    "ENCODER_VLLM_STORAGE_PATH",  # /vllm-ec when spec.vllmStorage is set (its claim, or an emptyDir per pod, mounted there)
 )
 """Settings podenv.py computes from other spec fields (the comment says which)."""
 MANAGED_ENV: tuple[str, ...] = (
@@ -113,6 +135,12 @@ MANAGED_ENV: tuple[str, ...] = (
     "ENCODER_DP_SIZE",
     "ENCODER_TP_SIZE",
     "ENCODER_DP_WORKER_MAX_INFLIGHT",
+    "ENCODER_VLLM_STORAGE_PATH",
+    "ENCODER_VLLM_MODEL_ID",
+    "ENCODER_VLLM_MM_HASHER_ALGORITHM",
+    "ENCODER_VLLM_DTYPE",
+    "ENCODER_VLLM_STORAGE_MAX_MB",
+    "ENCODER_VLLM_STORAGE_TTL",
 )
 """Every variable the operator renders, in the order it renders them."""
 RESERVED_ENV: tuple[str, ...] = (
@@ -153,5 +181,17 @@ RESERVED_ENV: tuple[str, ...] = (
     "SGLANG_ENCODER_TP_SIZE",
     "ENCODER_DP_WORKER_MAX_INFLIGHT",
     "SGLANG_ENCODER_DP_WORKER_MAX_INFLIGHT",
+    "ENCODER_VLLM_STORAGE_PATH",
+    "SGLANG_ENCODER_VLLM_STORAGE_PATH",
+    "ENCODER_VLLM_MODEL_ID",
+    "SGLANG_ENCODER_VLLM_MODEL_ID",
+    "ENCODER_VLLM_MM_HASHER_ALGORITHM",
+    "SGLANG_ENCODER_VLLM_MM_HASHER_ALGORITHM",
+    "ENCODER_VLLM_DTYPE",
+    "SGLANG_ENCODER_VLLM_DTYPE",
+    "ENCODER_VLLM_STORAGE_MAX_MB",
+    "SGLANG_ENCODER_VLLM_STORAGE_MAX_MB",
+    "ENCODER_VLLM_STORAGE_TTL",
+    "SGLANG_ENCODER_VLLM_STORAGE_TTL",
 )
 """Every name the pod reads a managed setting under (aliases and deprecated names too): spec.env may not set them."""

@@ -40,6 +40,7 @@ from encoderpool_operator.specops import (
     PodTemplateOverride,
     Rollout,
     SGLang,
+    VllmStorage,
     parse_hub_model,
 )
 
@@ -81,6 +82,7 @@ class PoolSpec(PodSettingsSpec):
     model_source: ModelSource | None = None
     autoscaling: Autoscaling | None = None
     sglang: SGLang = Field(default_factory=SGLang)
+    vllm_storage: VllmStorage | None = None
     pod_template: PodTemplateOverride | None = None
     follow_default_image: bool = False
 

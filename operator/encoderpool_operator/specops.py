@@ -146,6 +146,12 @@ class SGLang(SpecModel):
         return urls
 
 
+class VllmStorage(SpecModel):
+    """Where the pods store embeddings for vLLM consumers; set, the pods serve vLLM's EPD face (docs/vllm.md)."""
+
+    claim_name: str | None = Field(None, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
 class TemplateMetadata(SpecModel):
     """Labels and annotations added to the pods."""
 

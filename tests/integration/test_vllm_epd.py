@@ -41,6 +41,8 @@ pytestmark = pytest.mark.integration
 
 FAMILIES = [name for name in CASES if name != "whisper"]
 ENV = {"ENCODER_DEVICE": "cpu", "ENCODER_NUM_THREADS": "1", "ENCODER_MAX_AUDIO_SECONDS": "60"}
+STARTUP_S = 900.0
+"""The whole Omni checkpoints load and warm up in minutes on a busy 2-core machine."""
 PART = {"IMAGE": ("image_url", "image"), "AUDIO": ("audio_url", "audio")}
 
 
@@ -109,7 +111,9 @@ def test_vllm_consumers_load_the_hf_models_own_rows(family: str, tiny_full_model
     ckpt = tiny_full_model(family)
     store = tmp_path / "ec"
     model = full_model(case.full_cls, ckpt)
-    with EncoderServer(ckpt, env={**ENV, "ENCODER_VLLM_STORAGE_PATH": str(store)}) as server:
+    server = EncoderServer(ckpt, env={**ENV, "ENCODER_VLLM_STORAGE_PATH": str(store)})
+    server.start(timeout=STARTUP_S)
+    with server:
         for check in case.checks:
             contents = proxy_parts(check)
             reported: dict[str, Any] = {}

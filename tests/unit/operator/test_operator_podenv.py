@@ -178,3 +178,24 @@ def test_value_from_is_passed_through(make_pool: Callable[..., Pool]) -> None:
     spec = make_pool({"model": "/m", "env": [{"name": "HF_TOKEN", "valueFrom": ref}]}).spec
     assert container_env(spec)[-1] == {"name": "HF_TOKEN", "valueFrom": ref}
 
+
+
+def test_a_vllm_pool_renders_the_face_settings_the_pod_reads(make_pool: Callable[..., Pool]) -> None:
+    """spec.vllm and spec.vllmStorage become the pod's vLLM settings (parsed back by the pod's own loader) and the /vllm-ec volume."""
+    from encoderpool_operator.podparts import volumes_and_mounts
+
+    spec = make_pool({"model": "hf://Qwen/Qwen2.5-VL-7B-Instruct", "vllmStorage": {"claimName": "ec-shared"},
+                      "vllm": {"modelID": "Qwen/Qwen2.5-VL-7B-Instruct", "hasherAlgorithm": "sha256", "dtype": "bfloat16",
+                               "storageMaxMB": 2048, "storageTTLSeconds": 90}}).spec
+    settings = load_settings(env=encoder_settings(spec)).vllm
+    assert (settings.vllm_storage_path, settings.vllm_model_id, settings.vllm_mm_hasher_algorithm, settings.vllm_dtype,
+            settings.vllm_storage_max_mb, settings.vllm_storage_ttl) == ("/vllm-ec", "Qwen/Qwen2.5-VL-7B-Instruct", "sha256",
+                                                                          "bfloat16", 2048, 90.0)
+    volumes, mounts = volumes_and_mounts(spec)
+    assert {"name": "vllm-ec", "persistentVolumeClaim": {"claimName": "ec-shared"}} in volumes
+    assert {"name": "vllm-ec", "mountPath": "/vllm-ec"} in mounts
+    own = make_pool({"model": "/m", "vllmStorage": {}}).spec
+    assert {"name": "vllm-ec", "emptyDir": {}} in volumes_and_mounts(own)[0]
+    assert load_settings(env=encoder_settings(own)).vllm.vllm_storage_path == "/vllm-ec"
+    plain = make_pool({"model": "/m"}).spec
+    assert "vllm-ec" not in str(volumes_and_mounts(plain)) and load_settings(env=encoder_settings(plain)).vllm.vllm_storage_path is None
