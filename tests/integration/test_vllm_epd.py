@@ -113,7 +113,7 @@ def test_vllm_consumers_load_the_hf_models_own_rows(family: str, tiny_full_model
     model = full_model(case.full_cls, ckpt)
     server = EncoderServer(ckpt, env={**ENV, "ENCODER_VLLM_STORAGE_PATH": str(store)})
     server.start(timeout=STARTUP_S)
-    with server:
+    try:
         for check in case.checks:
             contents = proxy_parts(check)
             reported: dict[str, Any] = {}
@@ -138,6 +138,8 @@ def test_vllm_consumers_load_the_hf_models_own_rows(family: str, tiny_full_model
                     assert tuple(got.shape) == (rows[i], check.width(model.config)), (name, i)
                     np.testing.assert_allclose(got.numpy(), ref.float().numpy(), rtol=1e-4, atol=1e-5,
                                                err_msg=f"{family} {check.modality} item {i} via {name}")
+    finally:
+        server.__exit__(None, None, None)  # stops it, removes its log
 
 
 def _check_metadata(family: str, check: Check, reported: dict[str, Any], identifiers: list[str], rows: list[int]) -> None:
