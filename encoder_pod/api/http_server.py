@@ -25,6 +25,7 @@ from encoder_pod.api.json_body import SMALL_BODY, parse_large
 from encoder_pod.api.lifecycle import DrainGate, Lifecycle
 from encoder_pod.api.openapi import ENCODE_OPENAPI
 from encoder_pod.api.vllm_chat import VllmFace
+from encoder_pod.vllm_epd.storage import check_identifier
 from encoder_pod.errors import EncoderError, FaceOff, InvalidRequest, PayloadTooLarge
 from encoder_pod.json_limits import MAX_DEPTH, JsonTooDeep, nesting_over
 from encoder_pod.metrics import EdgeMetrics
@@ -369,6 +370,7 @@ def _install_vllm(app: FastAPI, settings: EncoderSettings, engine: Engine, offlo
     async def ec_cache(identifier: str, request: Request) -> Response:
         """A stored embedding's safetensors file (the network connector's read); 404 when absent."""
         vllm = active()
+        check_identifier(identifier, "identifier")  # one safe path component: nothing outside the store is read
         if request.method == "HEAD":
             found = await offload.run(vllm.store.has, identifier)
             return Response(status_code=200 if found else 404)

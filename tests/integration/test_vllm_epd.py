@@ -47,14 +47,17 @@ PART = {"IMAGE": ("image_url", "image"), "AUDIO": ("audio_url", "audio")}
 
 
 def proxy_parts(check: Check) -> list[list[dict[str, Any]]]:
-    """The encoder requests' content, as vLLM's proxy builds them: all images in one, other items alone."""
+    """The encoder requests' content, as vLLM's proxy builds them for one client request per request of
+    the check: that request's images in one, every other item alone."""
     kind, _ = PART[check.modality]
-    parts = []
+    contents = []
     for request in check.requests:
+        parts = []
         for item in request:
             url = item.uri(check.modality)
             parts.append({"type": kind, kind: {"url": url}, "uuid": hashlib.sha256(url.encode()).hexdigest()})
-    return [parts] if check.modality == "IMAGE" else [[p] for p in parts]
+        contents += [parts] if check.modality == "IMAGE" else [[p] for p in parts]
+    return contents
 
 
 def encode_like_the_proxy(base_url: str, content: list[dict[str, Any]]) -> dict[str, Any]:

@@ -100,6 +100,8 @@ def test_items_are_stored_under_vllms_identifiers_before_the_answer(server: Enco
     assert httpx.head(f"{server.base_url}/v1/ec_cache/first").status_code == 200
     got = httpx.get(f"{server.base_url}/v1/ec_cache/first")
     assert got.content == (store / "first" / "encoder_cache.safetensors").read_bytes()
+    assert httpx.get(f"{server.base_url}/v1/ec_cache/..%2e").status_code in (400, 404)
+    assert httpx.head(f"{server.base_url}/v1/ec_cache/not-there").status_code == 404
 
 
 def test_request_kwargs_are_hash_factors_and_the_background_colour_is_applied(server: EncoderServer, store: Path):
