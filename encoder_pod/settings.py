@@ -422,7 +422,7 @@ class VllmSettings(SettingsGroup):
     vllm_storage_path: str | None = Field(None, json_schema_extra=names(
         derived_from="/vllm-ec when spec.vllmStorage is set (its claim, or an emptyDir per pod, mounted there)"))
     """Folder vLLM consumers' ECExampleConnector reads (its shared_storage_path); unset = POST /v1/chat/completions is off."""
-    vllm_model_id: str = Field("", max_length=1024, json_schema_extra=names(crd="vllm.modelID"))
+    vllm_model_id: str = Field("", json_schema_extra=names(crd="vllm.modelID"))
     """The --model string the vLLM consumers were started with (their mm_hash's model id); empty = MODEL_PATH as given."""
     vllm_mm_hasher_algorithm: Literal["blake3", "sha256", "sha512"] = Field("blake3", json_schema_extra=names(crd="vllm.hasherAlgorithm"))
     """The consumers' --mm-hasher-algorithm (used for items that carry no uuid, or request-level kwargs)."""

@@ -134,10 +134,10 @@ class VllmFace:
     def _prepare(self, chat: ChatRequest, item: ChatItem) -> _Prepared:
         """Fetch, decode and name one item (a media thread)."""
         factors = hash_factors(item.modality, chat.mm_processor_kwargs, chat.media_io_kwargs)
+        background = background_colour(chat.media_io_kwargs.get("image"), "media_io_kwargs.image")
         try:
             data = self._sources.fetch(item.source)
             if item.modality == "image":
-                background = background_colour(chat.media_io_kwargs.get("image"), "media_io_kwargs.image")
                 decoded = vllm_image(data, self._settings.media.max_image_pixels, background)
                 name = identifier(self._settings.vllm.vllm_mm_hasher_algorithm, self._model_id, "image", item.uuid,
                                   decoded.hash_item, factors)
@@ -148,8 +148,6 @@ class VllmFace:
                                          f"{needs_uuid(item.modality)}, which this encoder cannot reproduce")
                 name = identifier(self._settings.vllm.vllm_mm_hasher_algorithm, self._model_id, item.modality, item.uuid, None, factors)
         except MediaError as exc:
-            if exc.message.startswith("media_io_kwargs"):
-                raise InvalidRequest(f"field '{exc.message}") from None
             raise InvalidRequest(f"field '{item.field}': {exc.message}") from None
         check_identifier(name, f"{item.field}.uuid")
         return _Prepared(item, name, "data:;base64," + pybase64.b64encode(data).decode("ascii"))

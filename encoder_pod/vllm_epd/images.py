@@ -20,7 +20,7 @@ from typing import Any
 
 from PIL import Image, ImageOps
 
-from encoder_pod.errors import MediaError
+from encoder_pod.errors import InvalidRequest, MediaError
 from encoder_pod.media.images import decode_image
 from encoder_pod.vllm_epd.mm_hash import ImageBytes
 
@@ -33,7 +33,7 @@ def background_colour(media_io: dict[str, Any] | None, field: str) -> tuple[int,
     if isinstance(value, list):
         value = tuple(value)
     if not (isinstance(value, tuple) and len(value) == 3 and all(type(c) is int and 0 <= c <= 255 for c in value)):
-        raise MediaError(f"{field}.rgba_background_color: must be a list of 3 integers in 0..255, got {value!r}")
+        raise InvalidRequest(f"field '{field}.rgba_background_color': must be a list of 3 integers in 0..255, got {list(value) if isinstance(value, tuple) else value!r}")
     return value
 
 

@@ -65,7 +65,7 @@ class Transfer(SpecModel):
 class Vllm(SpecModel):
     """How the pods name and store embeddings for vLLM consumers (docs/vllm.md); the face is on with spec.vllmStorage."""
 
-    model_id: str = Field("", max_length=1024, alias="modelID")
+    model_id: str = Field("", alias="modelID")
     """The --model string the vLLM consumers were started with (their mm_hash's model id); empty = MODEL_PATH as given (ENCODER_VLLM_MODEL_ID)."""
     hasher_algorithm: Literal["blake3", "sha256", "sha512"] = Field("blake3", alias="hasherAlgorithm")
     """The consumers' --mm-hasher-algorithm (used for items that carry no uuid, or request-level kwargs) (ENCODER_VLLM_MM_HASHER_ALGORITHM)."""

@@ -37,7 +37,7 @@ from tests.integration.family_cases import CASES, Check, full_model
 from tests.support.server import EncoderServer
 from tests.support.vllm_harness import vllm_release
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 FAMILIES = [name for name in CASES if name != "whisper"]
 ENV = {"ENCODER_DEVICE": "cpu", "ENCODER_NUM_THREADS": "1", "ENCODER_MAX_AUDIO_SECONDS": "60"}

@@ -10,6 +10,7 @@ import base64
 import io
 import json
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -26,10 +27,21 @@ from tests.support.media_files import audio_bytes, data_uri, tone
 from tests.support.server import EncoderServer, png_data_uri
 from tests.support.vllm_harness import vllm_release
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 ENV = {"ENCODER_DEVICE": "cpu", "ENCODER_NUM_THREADS": "1", "ENCODER_MAX_WAIT_MS": "50"}
 CORPUS = dict(image_corpus(1))
+
+
+@contextmanager
+def serving(model: Path, env: dict[str, str]) -> Iterator[EncoderServer]:
+    """A server given 10 minutes to get ready (the shared 2-core machine is slow under load)."""
+    server = EncoderServer(model, env=env)
+    server.start(timeout=600)
+    try:
+        yield server
+    finally:
+        server.__exit__(None, None, None)
 
 
 def uri(data: bytes, mime: str = "image/png") -> str:
@@ -61,12 +73,12 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(tiny_model, store: Path) -> Iterator[EncoderServer]:
     env = {**ENV, "ENCODER_VLLM_STORAGE_PATH": str(store), "ENCODER_VLLM_MODEL_ID": "Qwen/Qwen2-VL-2B-Instruct"}
-    with EncoderServer(tiny_model("qwen2_vl"), env=env) as running:
+    with serving(tiny_model("qwen2_vl"), env) as running:
         yield running
 
 
 def test_off_without_a_storage_path(tiny_model):
-    with EncoderServer(tiny_model("qwen2_vl"), env=ENV) as plain:
+    with serving(tiny_model("qwen2_vl"), ENV) as plain:
         resp = post(plain, chat(image_part(png_data_uri(32, 32))))
         assert resp.status_code == 404 and "ENCODER_VLLM_STORAGE_PATH" in resp.json()["message"]
         assert httpx.head(f"{plain.base_url}/v1/ec_cache/x").status_code == 404
@@ -154,7 +166,7 @@ def test_data_parallel_workers_store_the_same_files(tiny_model, server: EncoderS
     body = chat(image_part(png_data_uri(64, 40, seed=9), "dp-a"), image_part(uri(CORPUS["p-trns-png-0"])))
     single = post(server, body)
     env = {**ENV, "ENCODER_VLLM_STORAGE_PATH": str(tmp_path), "ENCODER_DP_SIZE": "2", "ENCODER_VLLM_MODEL_ID": "Qwen/Qwen2-VL-2B-Instruct"}
-    with EncoderServer(tiny_model("qwen2_vl"), env=env) as dp:
+    with serving(tiny_model("qwen2_vl"), env) as dp:
         answers = [post(dp, body) for _ in range(3)]
     assert [a.status_code for a in answers] == [200] * 3 and single.status_code == 200
     params = single.json()["ec_transfer_params"]
@@ -166,7 +178,7 @@ def test_data_parallel_workers_store_the_same_files(tiny_model, server: EncoderS
 def test_audio_needs_a_uuid_and_reports_its_rows(tiny_model, tmp_path: Path):
     wav = audio_bytes(tone(1.0, 16_000, seed=3), 16_000)
     env = {**ENV, "ENCODER_VLLM_STORAGE_PATH": str(tmp_path)}
-    with EncoderServer(tiny_model("qwen2_audio"), env=env) as audio:
+    with serving(tiny_model("qwen2_audio"), env) as audio:
         missing = post(audio, chat({"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}}))
         assert missing.status_code == 400
         assert "field 'messages[0].content[1].uuid': required for audio items" in missing.json()["message"]

@@ -69,6 +69,8 @@ def _values_at_bounds(field: settings_gen.CrdField) -> list[tuple[Any, bool]]:
         return [(choice, True) for choice in node["enum"]] + [("no-such-choice", False)]
     if node["type"] == "boolean":
         return [(True, True), (False, True)]
+    if node["type"] == "string":  # free text (spec.vllm.modelID): any string, the empty one too
+        return [("Qwen/Qwen2-VL-2B-Instruct", True), ("", True), ("/models/a b", True)]
     step = 1 if node["type"] == "integer" else 0.5
     low, high = node["minimum"], node["maximum"]
     out = [(high, True), (high + step, False)]

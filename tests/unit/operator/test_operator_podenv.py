@@ -118,10 +118,10 @@ def test_command_flags_mean_the_same_as_the_env(case: str, make_pool: Callable[.
 
 def test_the_derived_settings_are_the_declared_ones() -> None:
     """podenv computes exactly the settings the pod's declaration marks derived_from (registration only when asked)."""
-    registering = PoolSpec.model_validate({"model": "/m", "sglang": {"registerURLs": ["http://p:8998"]}})
+    registering = PoolSpec.model_validate({"model": "/m", "sglang": {"registerURLs": ["http://p:8998"]}, "vllmStorage": {}})
     assert tuple(derived_env(registering)) == DERIVED_ENV
     plain = tuple(derived_env(PoolSpec(model="/m")))
-    assert plain == tuple(v for v in DERIVED_ENV if v not in names.REGISTRATION_ENV)
+    assert plain == tuple(v for v in DERIVED_ENV if v not in (*names.REGISTRATION_ENV, "ENCODER_VLLM_STORAGE_PATH"))
 
 
 def test_rendered_names_are_the_managed_list() -> None:
@@ -129,8 +129,8 @@ def test_rendered_names_are_the_managed_list() -> None:
     plain_spec = PoolSpec(model="/m")
     unset = {env for obj, attr, env in DIRECT_ENV if getattr(getattr(plain_spec, obj), attr) is None}
     plain = tuple(encoder_settings(plain_spec))
-    assert plain == tuple(v for v in MANAGED_ENV if v not in names.REGISTRATION_ENV and v not in unset)
-    registering = PoolSpec.model_validate({"model": "/m", "sglang": {"registerURLs": ["http://p:8998"]}})
+    assert plain == tuple(v for v in MANAGED_ENV if v not in (*names.REGISTRATION_ENV, "ENCODER_VLLM_STORAGE_PATH") and v not in unset)
+    registering = PoolSpec.model_validate({"model": "/m", "sglang": {"registerURLs": ["http://p:8998"]}, "vllmStorage": {}})
     assert tuple(encoder_settings(registering)) == tuple(v for v in MANAGED_ENV if v not in unset)
 
 
