@@ -17,7 +17,7 @@ HOST       ?= 127.0.0.1
 PORT       ?= 30000
 PYTEST_ARGS ?=
 
-.PHONY: help venv lock generate model run test test-unit test-integration e2e cluster control-plane bench lint kind-e2e clean
+.PHONY: help venv lock generate model run test test-unit test-integration e2e cluster control-plane bench lint images kind-e2e clean
 
 help:
 	@echo "make run    - install, build the tiny default checkpoint, serve it on $(HOST):$(PORT)"
@@ -30,7 +30,8 @@ help:
 	@echo "make cluster - start a local control plane with fake GPU nodes (Ctrl-C stops it)"
 	@echo "make bench  - run the benchmarks, write bench/results/"
 	@echo "make bench-peers - the peer benchmark (infinity-emb, Ray Serve), not part of make bench"
-	@echo "make kind-e2e - (needs Docker + kind) build the images, run the operator e2e tests on a kind cluster"
+	@echo "make images - build the operator and CPU encoder images (starts a Docker engine if none runs)"
+	@echo "make kind-e2e - build the images and kind, run tests/kind on a kind cluster, leave the host as found"
 	@echo "make lock   - after changing a dependency in pyproject.toml: re-pin uv.lock and constraints.txt"
 	@echo "make generate - after changing a setting in encoder_pod/settings.py: rewrite the CRD, the operator's podsettings.py and docs/configuration.md's table"
 
@@ -106,6 +107,10 @@ lint: venv
 	$(VENV)/bin/mypy encoder_pod operator
 	$(VENV)/bin/vulture
 	$(PY) -m encoder_pod.settings_gen --check
+
+# ENCODER_VARIANTS="cpu cuda" builds the CUDA variant too.
+images: | $(UV)
+	bash hack/images.sh
 
 kind-e2e: venv
 	bash hack/kind-e2e.sh

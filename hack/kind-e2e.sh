@@ -1,84 +1,79 @@
 #!/usr/bin/env bash
-# make kind-e2e: the operator's end-to-end tests on a kind cluster, for people with Docker.
+# make kind-e2e: the tests that need real containers (tests/kind) on a kind cluster.
 #
-# Builds the operator image and the CPU encoder image, creates a kind cluster (or reuses one of
-# that name), loads both images into it, and runs the SAME tests as the local control plane
-# (tests/e2e/test_operator_*.py), pointed at the kind cluster through ENCODERPOOL_E2E_KUBECONFIG:
-# helm install of the chart and its CRD, the operator running as the chart's ServiceAccount (on
-# kind: the chart's own Deployment, the operator image for real), invalid pools refused by the API
-# server, and examples/encoderpool-cpu.yaml becoming Ready after its encode probe passes, with one
-# /encode answered by the pod behind an address of the headless Service's EndpointSlice (reached
-# through kubectl port-forward) and a pool with a wrong model path reported ModelLoadFailed.
-# Tests that need the local control plane's fake GPU nodes or kill the operator process skip.
-#
-# It cannot run on the machines this project is developed and tested on (no Docker engine there):
-# it is written to be right by reading, and `make e2e` runs the same tests on a locally built
-# control plane instead. Needs docker, kind (a node image of Kubernetes 1.30 or later), kubectl
-# and helm on PATH.
+# 1. a Docker engine (hack/docker-engine.sh: started, installed from Debian's packages if missing);
+# 2. the Go-built tools: kubectl, helm (hack/build-control-plane.sh), kind and its node image's
+#    binaries (hack/build-kind.sh), all cached outside the repo;
+# 3. the images (hack/images.sh);
+# 4. a kind cluster (hack/kind-cluster.sh: kind's node image where it can be pulled, else one
+#    assembled offline; --privileged or its stand-in, as the host allows), the images loaded;
+# 5. pytest tests/kind against it (ENCODERPOOL_E2E_KUBECONFIG);
+# 6. always: the cluster deleted, the host's sysctls restored, the kind network and volumes removed,
+#    and the Docker engine stopped if step 1 started it; then tests/kind/after checks that the host
+#    is as step 0 recorded it (sysctls, containers, networks, volumes, interfaces, the engine).
+# Each step's time is printed at the end.
 #
 # Environment:
-#   KIND_CLUSTER_NAME  cluster name (default encoderpool-e2e); reused if it exists
-#   KIND_NODE_IMAGE    node image for a new cluster, e.g. kindest/node:v1.35.0 (default: kind's)
-#   KEEP_CLUSTER=1     keep a cluster this script created (default: delete it at the end)
+#   KIND_CLUSTER_NAME  cluster name (default encoderpool-e2e)
+#   KIND_NODE_IMAGE    node image, e.g. kindest/node:v1.35.4 (default: detected, see hack/kind-cluster.sh)
+#   KEEP_CLUSTER=1     keep the cluster (and the engine) at the end, for a look with kubectl
 #   PYTEST_ARGS        extra pytest arguments
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
+CACHE="${ENCODERPOOL_CACHE:-$HOME/.cache/encoderpool}"
+export ENCODERPOOL_CACHE="$CACHE"
+CLUSTER="${KIND_CLUSTER_NAME:-encoderpool-e2e}"
 PY=.venv/bin/python
-CLUSTER=${KIND_CLUSTER_NAME:-encoderpool-e2e}
+[ -x "$PY" ] || { echo "kind-e2e: no $PY: run through 'make kind-e2e', which creates it" >&2; exit 1; }
 
-die() { echo "kind-e2e: $*" >&2; exit 1; }
-for tool in docker kind kubectl helm; do
-  command -v "$tool" >/dev/null || die "$tool is not on PATH (this target needs a Docker engine and kind)"
-done
-docker info >/dev/null 2>&1 || die "the Docker engine does not answer (docker info failed)"
-[ -x "$PY" ] || die "no $PY: run through 'make kind-e2e', which creates it"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/encoderpool-kind-e2e.XXXXXX")"
+TIMES=()
+step_began=$SECONDS
+step() { TIMES+=("$(printf '%-28s %4ds' "$1" $((SECONDS - step_began)))"); step_began=$SECONDS; }
 
-# The tags the chart uses by default: the operator image is tagged with the chart's appVersion,
-# the CPU encoder image is values.yaml's encoderImage.cpu. Building exactly those means the chart
-# is installed with the tests' values only, as on the local control plane.
-read -r OPERATOR_IMAGE ENCODER_IMAGE < <("$PY" - <<'EOF'
-import yaml
-chart = yaml.safe_load(open("charts/encoderpool-operator/Chart.yaml"))
-values = yaml.safe_load(open("charts/encoderpool-operator/values.yaml"))
-image = values["image"]
-print(f'{image["repository"]}:{image["tag"] or chart["appVersion"]}', values["encoderImage"]["cpu"])
-EOF
-)
-[ -n "$OPERATOR_IMAGE" ] && [ -n "$ENCODER_IMAGE" ] || die "could not read the image names from the chart"
-
-echo ">> building $OPERATOR_IMAGE and $ENCODER_IMAGE"
-docker build -f docker/Dockerfile.operator -t "$OPERATOR_IMAGE" .
-docker build -f docker/Dockerfile.encoder-pod --build-arg VARIANT=cpu -t "$ENCODER_IMAGE" .
-
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/encoderpool-kind-e2e.XXXXXX")
-created=0
-cleanup() {
+engine=""
+cluster_made=0
+finish() {
   local rc=$?
-  if [ "$created" = 1 ] && [ "${KEEP_CLUSTER:-0}" != 1 ]; then
-    echo ">> deleting kind cluster $CLUSTER (KEEP_CLUSTER=1 keeps it)"
-    kind delete cluster --name "$CLUSTER" || true
+  step_began=$SECONDS
+  if [ "$cluster_made" = 1 ] && [ "${KEEP_CLUSTER:-0}" != 1 ]; then
+    bash hack/kind-cluster.sh down "$CLUSTER" || rc=1
+  fi
+  if [ "$engine" = started ] && [ "${KEEP_CLUSTER:-0}" != 1 ]; then bash hack/docker-engine.sh down || true; fi
+  step "teardown"
+  if [ "${KEEP_CLUSTER:-0}" != 1 ]; then
+    ENCODERPOOL_HOST_BEFORE="$WORK/host-before" .venv/bin/pytest tests/kind/after -q -p no:cacheprovider || rc=1
+    step "host left as found"
   fi
   rm -rf "$WORK"
+  echo ">> kind-e2e times:"
+  printf '   %s\n' "${TIMES[@]}"
   exit "$rc"
 }
-trap cleanup EXIT
+trap finish EXIT
 
-if kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
-  echo ">> reusing kind cluster $CLUSTER"
-else
-  echo ">> creating kind cluster $CLUSTER"
-  kind create cluster --name "$CLUSTER" --wait 180s ${KIND_NODE_IMAGE:+--image "$KIND_NODE_IMAGE"}
-  created=1
-fi
-# A kubeconfig of its own: the user's ~/.kube/config is neither read nor changed.
-kind get kubeconfig --name "$CLUSTER" > "$WORK/kubeconfig"
-chmod 600 "$WORK/kubeconfig"
+"$PY" -m tests.kind.hoststate "$WORK/host-before"
+engine="$(bash hack/docker-engine.sh up)"
+step "docker engine ($engine)"
+bash hack/build-control-plane.sh
+step "control-plane tools"
+bash hack/build-kind.sh
+step "kind binaries"
+bash hack/images.sh
+step "images"
 
-echo ">> loading the images into the cluster's nodes"
-kind load docker-image --name "$CLUSTER" "$OPERATOR_IMAGE" "$ENCODER_IMAGE"
+# shellcheck disable=SC1091
+. "$CACHE/bin/control-plane.env"
+KUBECONFIG_FILE="$WORK/kubeconfig"
+cluster_made=1
+bash hack/kind-cluster.sh up "$CLUSTER" "$KUBECONFIG_FILE"
+step "cluster up"
+read -r OPERATOR_IMAGE ENCODER_IMAGE < <("$PY" -c 'from tests.kind.images import OPERATOR_IMAGE as o, ENCODER_CPU_IMAGE as e; print(o, e)')
+bash hack/kind-cluster.sh load "$CLUSTER" "$OPERATOR_IMAGE" "$ENCODER_IMAGE"
+step "images loaded"
 
-echo ">> running tests/e2e/test_operator_*.py against kind"
+echo ">> running tests/kind against kind cluster $CLUSTER"
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words on purpose
-ENCODERPOOL_E2E_KUBECONFIG="$WORK/kubeconfig" \
-  .venv/bin/pytest -m e2e tests/e2e/test_operator_*.py -v -rs ${PYTEST_ARGS:-}
+ENCODERPOOL_E2E_KUBECONFIG="$KUBECONFIG_FILE" ENCODERPOOL_E2E_KUBECTL="$KUBECTL" ENCODERPOOL_E2E_HELM="$HELM" \
+  KIND_CLUSTER_NAME="$CLUSTER" .venv/bin/pytest tests/kind --ignore=tests/kind/after -m kind -v -rs -p no:cacheprovider --timeout=1200 ${PYTEST_ARGS:-}
+step "tests"
