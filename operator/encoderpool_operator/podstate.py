@@ -102,7 +102,10 @@ def _ordinal(name: str) -> int:
 def _termination_problem(status: dict[str, Any]) -> str | None:
     """ModelLoadFailed detail from the current or last termination, if it is one."""
     for term in ((status.get("state") or {}).get("terminated"), (status.get("lastState") or {}).get("terminated")):
-        if not term:
+        # An OOM kill is no model problem, whatever the log tail the kubelet quotes says (it is the
+        # server's own start-up log, which names the model path): it is reported as CrashLoop, with
+        # the memory hint.
+        if not term or term.get("reason") == "OOMKilled":
             continue
         message = str(term.get("message") or "")
         if term.get("exitCode") == MODEL_LOAD_EXIT_CODE or MODEL_LOAD_MESSAGE.search(message):

@@ -45,6 +45,11 @@ TABLE: dict[str, tuple[int, list[dict[str, Any]], dict[str, Any], tuple[str, boo
                    ("CrashLoop", False, "Starting", "CrashLoop", 0, 1, "last exit code 139")),
     "out of memory": (1, [{"ready": False, "container": crash(137, reason="OOMKilled")}], {},
                       ("CrashLoop", False, "Starting", "CrashLoop", 0, 1, "raise spec.resources.limits.memory")),
+    # What a kubelet really reports (seen on kind): the message is the log tail, whose start-up
+    # lines name the model path; an OOM kill is still no model load failure.
+    "out of memory, log tail naming the model": (1, [{"ready": False, "container": crash(
+        137, "INFO encoder_pod.server: effective settings: {'model': {'model_path': '/opt/m'}}", reason="OOMKilled")}], {},
+        ("CrashLoop", False, "Starting", "CrashLoop", 0, 1, "(OOMKilled); raise spec.resources.limits.memory")),
     "image pull": (1, [{"ready": False, "container": {"ready": False, "started": False, "state": {"waiting": {
         "reason": "ImagePullBackOff", "message": "Back-off pulling image \"nope:1\""}}}}], {},
         ("ImagePullFailed", False, "Starting", "ImagePullFailed", 0, 1, "nope:1")),
