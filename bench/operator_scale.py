@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.e2e.cluster import Cluster, ClusterOptions, FakeGpuNode  # noqa: E402
 from tests.e2e.cluster.api import path_for, wait_for  # noqa: E402
-from tests.e2e.operator_harness import CRD_NAME, crd_established, free_port  # noqa: E402
+from tests.e2e.chart import CRD_NAME, crd_established, free_port  # noqa: E402
 
 POOLS = int(os.environ.get("ENCODERPOOL_BENCH_POOLS", "100"))
 RESYNC_SECONDS = 10.0
@@ -127,7 +127,7 @@ def ready_count(cluster: Cluster) -> int:
 
 def run() -> dict[str, Any]:
     nodes = (FakeGpuNode("kwok-gpu-0", pods="200"), FakeGpuNode("kwok-gpu-1", pods="200"))
-    with Cluster(options=ClusterOptions(fake_gpu_nodes=nodes, local_node=False)) as cluster:
+    with Cluster(options=ClusterOptions(fake_gpu_nodes=nodes)) as cluster:
         cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "encoderpools.encoderpool.io.yaml"))
         with cluster.api() as api:
             wait_for(lambda: crd_established(api.get_or_none(path_for(

@@ -188,14 +188,3 @@ def delete_namespace(api: ApiClient, name: str) -> None:
     api.delete(path_for("v1", "namespaces", name=name))
     wait_for(lambda: not api.get(path_for("v1", "pods", name))["items"], NAMESPACE_CLEANUP_SECONDS,
              f"the pods of namespace {name} to be deleted")
-
-
-@contextlib.contextmanager
-def http_base(cluster: Any, namespace: str, pod: str, address: str, port: int) -> Iterator[str]:
-    """A base URL reaching ``pod`` at ``address:port``: directly on the local node (its pod IPs are
-    local addresses), through ``kubectl port-forward`` to that pod on an external cluster."""
-    if getattr(cluster, "external", False):
-        with cluster.http_base(namespace, pod, address, port) as base:
-            yield base
-    else:
-        yield f"http://{address}:{port}"

@@ -22,24 +22,12 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Runs in a child interpreter: a cluster with one real pod on the local node, then print the PIDs
-# and wait to be killed.
+# Runs in a child interpreter: a cluster, then print the PIDs and wait to be killed.
 _CHILD = textwrap.dedent("""
-    import json, sys, time
-    from tests.e2e.cluster import Cluster, ClusterOptions, local_node_placement
-    from tests.e2e.cluster.api import path_for
-    from tests.e2e.cluster.objects import pod_ready, wait_for_pod
+    import json, time
+    from tests.e2e.cluster import Cluster, ClusterOptions
     cluster = Cluster(options=ClusterOptions(fake_gpu_nodes=())).start()
-    pod = {"metadata": {"name": "sleeper"}, "spec": {**local_node_placement(), "containers": [
-        {"name": "main", "image": "local", "command": [sys.executable, "-c", "import time; time.sleep(600)"]}]}}
-    with cluster.api() as api:
-        api.create(path_for("v1", "pods", "default"), pod)
-        pod = wait_for_pod(api, "default", "sleeper", pod_ready, 30, "Ready")
-    pids = cluster.pids()
-    pids["pod"] = int(pod["status"]["containerStatuses"][0]["containerID"].removeprefix("local://"))
-    network = cluster.local_node.network
-    print(json.dumps({"pids": pids, "workdir": str(cluster.workdir), "cidr": network.cidr,
-                      "routable": network.routable}), flush=True)
+    print(json.dumps({"pids": cluster.pids(), "workdir": str(cluster.workdir)}), flush=True)
     time.sleep(600)
 """)
 
@@ -54,7 +42,7 @@ def _wait_all_gone(pids: dict[str, int], timeout: float) -> dict[str, int]:
 
 
 def test_stop_leaves_no_process_and_no_temp_dir() -> None:
-    cluster = Cluster(load_binaries(), ClusterOptions(fake_gpu_nodes=(), local_node=False)).start()
+    cluster = Cluster(load_binaries(), ClusterOptions(fake_gpu_nodes=())).start()
     pids = cluster.pids()
     assert set(pids) >= {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "reaper"}
     assert all(pid_alive(pid) for pid in pids.values())
@@ -78,12 +66,8 @@ def test_sigkilled_test_runner_leaves_no_process_behind() -> None:
         child.stdout.close()
         child.stderr.close()
     pids = info["pids"]
-    assert set(pids) >= {"etcd", "kube-apiserver", "kwok", "reaper", "pod"}
+    assert set(pids) >= {"etcd", "kube-apiserver", "kwok", "reaper"}
     assert _wait_all_gone(pids, 15) == {}
-    if info["routable"]:  # the pod-IP route is host state too: the reaper removes it
-        routes = subprocess.run(["ip", "route", "show", "table", "local"], capture_output=True, text=True,
-                                check=True).stdout
-        assert info["cidr"] not in routes
     # The reaper kills processes; the temp dir stays (nothing ran to remove it). Clean it up here.
     subprocess.run(["rm", "-rf", info["workdir"]], check=True)
 
@@ -92,7 +76,7 @@ def test_interrupted_make_cluster_stops_cleanly() -> None:
     """``python -m tests.e2e.cluster`` (make cluster): SIGINT (Ctrl-C) stops everything in order,
     even when it was started with SIGINT ignored (as a background job of a script is)."""
     load_binaries()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.e2e.cluster", "--no-local-node"],
+    proc = subprocess.Popen([sys.executable, "-m", "tests.e2e.cluster"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     lines = []

@@ -2,15 +2,15 @@
 
 Binaries come from hack/build-control-plane.sh (cached outside the repo). ``Cluster`` starts etcd,
 kube-apiserver (RBAC, PodSecurity and ServiceAccount admission on), kube-controller-manager,
-kube-scheduler and kwok on free loopback ports, registers two kwok-managed 8-GPU nodes and a
-local node whose pods run as real host processes, and tears all of it down again.
+kube-scheduler and kwok on free loopback ports, registers two kwok-managed 8-GPU nodes, and tears
+all of it down again. Real pods run on kind (tests/kind); this cluster has no kubelet.
 
 ``python -m tests.e2e.cluster`` (``make cluster``) starts one for people.
 """
 
 from .binaries import BUILD_COMMAND, Binaries, MissingBinaries, load_binaries
 from .control_plane import Cluster, ClusterOptions, ComponentFailed
-from .nodes import GPU_RESOURCE, LOCAL_NODE_NAME, FakeGpuNode, local_node_placement
+from .nodes import GPU_RESOURCE, FakeGpuNode, fake_gpu_node_manifest, node_ready
 
 __all__ = [
     "BUILD_COMMAND",
@@ -20,8 +20,8 @@ __all__ = [
     "ComponentFailed",
     "FakeGpuNode",
     "GPU_RESOURCE",
-    "LOCAL_NODE_NAME",
     "MissingBinaries",
     "load_binaries",
-    "local_node_placement",
+    "fake_gpu_node_manifest",
+    "node_ready",
 ]

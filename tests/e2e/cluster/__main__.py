@@ -26,7 +26,6 @@ def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     parser = argparse.ArgumentParser(prog="python -m tests.e2e.cluster", description=__doc__)
-    parser.add_argument("--no-local-node", action="store_true", help="do not register the local node")
     parser.add_argument("--keep", action="store_true", help="keep logs and etcd data after stopping")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -36,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, _raise_keyboard_interrupt)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
-        cluster = Cluster(options=ClusterOptions(local_node=not args.no_local_node, keep_workdir=args.keep))
+        cluster = Cluster(options=ClusterOptions(keep_workdir=args.keep))
     except MissingBinaries as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

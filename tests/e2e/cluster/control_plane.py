@@ -1,5 +1,5 @@
 """A real Kubernetes control plane as local processes: etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler and kwok, plus fake GPU nodes and the local node.
+kube-scheduler and kwok, plus fake GPU nodes.
 
 ``Cluster`` is a context manager. Teardown is layered so that no process survives the test run:
 ``stop()`` (context exit, pytest fixture teardown, Ctrl-C) stops everything in reverse order; an
@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,6 @@ from . import components
 from .api import ApiClient, path_for, wait_for
 from .binaries import Binaries, load_binaries
 from .kubeconfig import write_kubeconfig
-from .local_node import LocalNode
 from .nodes import FakeGpuNode, default_fake_gpu_nodes, fake_gpu_node_manifest, node_ready
 from .pki import create_pki
 from .procs import ManagedProcess, Reaper
@@ -44,13 +43,6 @@ class ClusterOptions:
     """What to start besides the control plane itself."""
 
     fake_gpu_nodes: tuple[FakeGpuNode, ...] = tuple(default_fake_gpu_nodes())
-    local_node: bool = True
-    local_node_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    #: First CrashLoopBackOff delay on the local node (the kubelet uses 10 s).
-    local_node_backoff: float = 10.0
-    #: Pod IPs of the local node: "auto", "routed" or "loopback" (see local_node/network.py);
-    #: ENCODERPOOL_E2E_POD_NETWORK overrides it.
-    pod_network: str = "auto"
     #: Keep logs and data after stop (also: ENCODERPOOL_E2E_KEEP=1).
     keep_workdir: bool = False
     start_timeout: float = 90.0
@@ -77,7 +69,6 @@ class Cluster(ClusterAccess):
             raise
         self.token = self.pki.admin_token
         self.ca_file = self.pki.ca_cert
-        self.local_node: LocalNode | None = None
         self._reaper: Reaper | None = None
         self._procs: dict[str, ManagedProcess] = {}
         self._stopped = False
@@ -192,15 +183,6 @@ class Cluster(ClusterAccess):
             for node in self.options.fake_gpu_nodes:
                 self._wait_healthy("kwok", lambda name=node.name: node_ready(
                     api.get(path_for("v1", "nodes", name=name))))
-        if self.options.local_node:
-            assert self._reaper is not None
-            self.local_node = LocalNode(self.server, self.token, self.ca_file, self.workdir / "local-node",
-                                        self._reaper, kubelet_version=self.binaries.k8s_version,
-                                        extra_env=self.options.local_node_env,
-                                        backoff_base=self.options.local_node_backoff,
-                                        pod_network=os.environ.get("ENCODERPOOL_E2E_POD_NETWORK",
-                                                                   self.options.pod_network))
-            self.local_node.start()
 
     def _stop_processes(self) -> None:
         """Stop components in reverse start order and forget them."""
@@ -219,13 +201,8 @@ class Cluster(ClusterAccess):
         atexit.unregister(self.stop)
         began = time.monotonic()
         try:
-            if self.local_node is not None:
-                self.local_node.stop()
-                log.info("local cluster: local node's pods stopped in %.1fs", time.monotonic() - began)
-        finally:
             self._stop_processes()
-            if self.local_node is not None:
-                self.local_node.join()  # its watch ends now that the API server is gone
+        finally:
             if self._reaper is not None:
                 self._reaper.close()
             log.info("local cluster: stopped in %.1fs", time.monotonic() - began)

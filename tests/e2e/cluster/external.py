@@ -1,10 +1,8 @@
-"""An existing cluster named by a kubeconfig: the kind path (hack/kind-e2e.sh, ``make kind-e2e``).
+"""An existing cluster named by a kubeconfig: the kind tier (hack/kind-e2e.sh, ``make kind-e2e``).
 
-The operator's e2e tests run unchanged against it: ``ExternalCluster`` offers the part of
-``Cluster``'s interface those tests use (``api()``, ``kubectl()``, ``helm()``, ``create_namespace()``,
-``kubeconfig_for_token()``) and starts or stops nothing. What only the local control plane has
-(kwok's fake GPU nodes, the local node, an operator run as a local process) is absent, and the
-tests that need it skip saying so.
+``ExternalCluster`` offers the part of ``Cluster``'s interface the tests use (``api()``,
+``kubectl()``, ``helm()``, ``create_namespace()``, ``kubeconfig_for_token()``) and starts or stops
+nothing.
 
 Selected by ``ENCODERPOOL_E2E_KUBECONFIG=<path>`` (see tests/e2e/conftest.py); kubectl and helm
 come from PATH, or from ``ENCODERPOOL_E2E_KUBECTL`` / ``ENCODERPOOL_E2E_HELM``.
@@ -12,13 +10,10 @@ come from PATH, or from ``ENCODERPOOL_E2E_KUBECTL`` / ``ENCODERPOOL_E2E_HELM``.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +24,6 @@ from .api import ApiClient
 from .tools import ClusterAccess
 
 KUBECONFIG_ENV = "ENCODERPOOL_E2E_KUBECONFIG"
-PORT_FORWARD_TIMEOUT = 30.0
 
 
 class ExternalCluster(ClusterAccess):
@@ -38,7 +32,6 @@ class ExternalCluster(ClusterAccess):
     external = True
     tool_timeout = 300.0
     namespace_timeout = 60.0
-    local_node = None
 
     def __init__(self, kubeconfig: Path) -> None:
         self.kubeconfig = kubeconfig
@@ -73,34 +66,6 @@ class ExternalCluster(ClusterAccess):
     def helm(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         """``helm ARGS`` with the kubeconfig's identity."""
         return self.run_tool(self._helm, *args, **kwargs)
-
-    @contextlib.contextmanager
-    def http_base(self, namespace: str, pod: str, address: str, port: int) -> Iterator[str]:
-        """A base URL that reaches ``pod`` at ``address:port``.
-
-        Pod IPs of a kind cluster live inside its node containers, out of the host's reach, so the
-        request goes through ``kubectl port-forward`` to the very pod the EndpointSlice names.
-        """
-        with self.workdir.joinpath("port-forward.log").open("w") as log:
-            proc = subprocess.Popen(
-                [self._kubectl, "-n", namespace, "port-forward", f"pod/{pod}", f":{port}"],
-                stdout=subprocess.PIPE, stderr=log, text=True, env=self.tool_env())
-        try:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()  # "Forwarding from 127.0.0.1:43127 -> 30000"
-            match = re.search(r"127\.0\.0\.1:(\d+)", line)
-            if match is None:
-                raise AssertionError(f"kubectl port-forward to {namespace}/{pod} ({address}) failed: {line!r}")
-            yield f"http://127.0.0.1:{match.group(1)}"
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=PORT_FORWARD_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
 
     def close(self) -> None:
         """Remove the temp dir (kubeconfigs with tokens, helm state); the cluster stays."""

@@ -1,13 +1,8 @@
-"""Node objects of the local cluster: fake GPU nodes (kwok) and the local node (our harness).
+"""Fake GPU nodes (kwok), for the local control plane and for a kind cluster alike.
 
 Fake GPU nodes carry kwok's annotation, so kwok initialises them, keeps their lease and marks the
 pods bound to them Running and Ready. The scheduler sees their ``nvidia.com/gpu`` capacity and
 enforces it for real.
-
-The local node is not annotated, so kwok leaves it alone; the local-node harness runs its pods
-as real processes. It is tainted so that only pods that ask for it (toleration + nodeSelector, see
-``local_node_placement``) land there: a Deployment installed by a chart must not be started as a
-host process by accident.
 """
 
 from __future__ import annotations
@@ -18,9 +13,6 @@ from typing import Any
 from .components import KWOK_NODE_ANNOTATION
 
 GPU_RESOURCE = "nvidia.com/gpu"
-LOCAL_NODE_NAME = "local-0"
-LOCAL_NODE_LABEL = "encoderpool.io/local-node"
-LOCAL_NODE_TAINT = "encoderpool.io/local-node"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,33 +54,6 @@ def fake_gpu_node_manifest(node: FakeGpuNode) -> dict[str, Any]:
 def default_fake_gpu_nodes() -> list[FakeGpuNode]:
     """The two 8-GPU nodes every e2e test can count on."""
     return [FakeGpuNode(name="kwok-gpu-0"), FakeGpuNode(name="kwok-gpu-1")]
-
-
-def local_node_manifest(name: str = LOCAL_NODE_NAME, cpu: str = "8", memory: str = "32Gi") -> dict[str, Any]:
-    """The host-process node: no GPUs, tainted, labelled for nodeSelector."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {
-                "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64",
-                "type": "local",
-                LOCAL_NODE_LABEL: "true",
-            },
-        },
-        "spec": {"taints": [{"key": LOCAL_NODE_TAINT, "value": "true", "effect": "NoSchedule"}]},
-    }
-
-
-def local_node_placement() -> dict[str, Any]:
-    """Pod spec fields that put a pod on the local node (merge them into ``spec``)."""
-    return {
-        "nodeSelector": {LOCAL_NODE_LABEL: "true"},
-        "tolerations": [{"key": LOCAL_NODE_TAINT, "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
-    }
 
 
 def node_ready(node: dict[str, Any]) -> bool:
