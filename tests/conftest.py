@@ -52,7 +52,7 @@ def tiny_full_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str],
     return build
 
 
-TIERS = ("unit", "integration", "e2e", "gpu")
+TIERS = ("unit", "integration", "e2e", "kind", "gpu")
 """The tier markers; each is also the directory under tests/ that holds that tier's tests."""
 
 
