@@ -45,7 +45,7 @@ $(UV):
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 $(VENV)/.installed: pyproject.toml uv.lock | $(UV)
 	@echo ">> syncing $(VENV) with uv.lock (torch is cached in $(UV_CACHE_DIR) after the first run)"
-	$(UV) sync --locked --python python3.11 --extra dev --extra mooncake
+	$(UV) sync --locked --python python3.11 --extra dev --extra mooncake --extra grpc
 	@touch $@
 
 # uv.lock pins make and CI; constraints.txt is the same pins for pip (the images: pip install -c).

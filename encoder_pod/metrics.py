@@ -2,7 +2,7 @@
 
 Two owners, two classes: :class:`ReplicaMetrics` are what one model replica records (queue,
 batches, latencies of its stages); :class:`EdgeMetrics` are what the HTTP edge records (answers
-by status, request latency). A single-process pod registers both on one registry; in data
+by status, request latency), :class:`GrpcMetrics` the same for the gRPC face. A single-process pod registers both on one registry; in data
 parallel the front holds the edge's and each worker a replica's (merged with a ``rank`` label),
 so no family is recorded twice and none is registered where nobody renders it.
 """
@@ -40,6 +40,20 @@ class EdgeMetrics:
         )
         if max_queue is not None:
             self.max_queue.set(max_queue)
+
+
+class GrpcMetrics:
+    """The gRPC face's families: answered calls by method and status code, and their latency."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.calls = Counter(
+            "encoder_grpc_calls", "Answered gRPC calls of sglang.grpc.encoder.SglangEncoder by method and status code.",
+            ["method", "code"], registry=r,
+        )
+        self.call_latency = Histogram(
+            "encoder_grpc_call_seconds", "Total time of a gRPC call by method.", ["method"], buckets=_LATENCY_BUCKETS, registry=r
+        )
 
 
 class ReplicaMetrics:

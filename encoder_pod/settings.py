@@ -240,6 +240,8 @@ class ServerSettings(SettingsGroup):
     """Address the HTTP server binds."""
     port: int = Field(30000, ge=1, le=65535, json_schema_extra=names(derived_from="from spec.port"))
     """HTTP port."""
+    grpc_port: int = Field(0, ge=0, le=65535)
+    """Port of SGLang's gRPC encoder face (sglang.grpc.encoder.SglangEncoder, grpc.health.v1, reflection) beside HTTP; 0 = off."""
     max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     """Largest /encode body in bytes, 413 beyond; also the largest item fetched from a URL."""
     register_urls: list[str] = Field(
@@ -272,6 +274,14 @@ class ServerSettings(SettingsGroup):
         if value and not value.startswith(("http://", "https://")):
             raise ValueError(f"{value!r} is not an http(s) URL")
         return value
+    @model_validator(mode="after")
+    def _check_grpc_port(self) -> "ServerSettings":
+        if self.grpc_port == self.port:
+            raise ValueError(
+                f"grpc_port ({ENV_PREFIX}GRPC_PORT={self.grpc_port}) must differ from the HTTP port ({ENV_PREFIX}PORT={self.port})"
+            )
+        return self
+
     # At most the longest REQ_TIMEOUT + 5: the value it takes when unset (the operator renders it so).
     drain_timeout: float | None = Field(
         None, ge=0, le=86_405,

@@ -258,10 +258,26 @@ def _http_receiver(rel: sglang_release.Release, urls: list[str], backend: str) -
     return obj
 
 
+def _grpc_receiver(rel: sglang_release.Release, urls: list[str], backend: str) -> Any:
+    """0.5.23+'s ``MMReceiverGrpc`` (SGLANG_ENCODER_MM_RECEIVER_MODE=grpc): ``grpc://`` encoders, smg-grpc-proto stubs."""
+    cls = getattr(rel.rx, "MMReceiverGrpc", None)
+    if cls is None:
+        raise SystemExit(f"sglang {rel.version} has no MMReceiverGrpc (gRPC encoders came in 0.5.23)")
+    obj = cls.__new__(cls)  # __init__ reads sglang's global server config, as MMReceiverHTTP's does
+    obj.__dict__.update(vars(_http_receiver(rel, urls, backend)))
+    return obj
+
+
+def _receiver(rel: sglang_release.Release, spec: dict[str, Any], backend: str) -> Any:
+    """The release's dispatcher of ``spec["transport"]`` (http, the default, or grpc)."""
+    make = _grpc_receiver if spec.get("transport") == "grpc" else _http_receiver
+    return make(rel, spec["encode_urls"], backend)
+
+
 async def dispatch_tokenizer(rel: sglang_release.Release, spec: dict[str, Any]) -> dict[str, Any]:
-    """The real zmq_to_tokenizer path: recv_mm_data -> MMReceiverHTTP.encode -> the pods' /encode."""
+    """The real zmq_to_tokenizer path: recv_mm_data -> MMReceiverHTTP.encode (or MMReceiverGrpc.encode) -> the pods."""
     emit("READY", {})
-    obj = _http_receiver(rel, spec["encode_urls"], "zmq_to_tokenizer")
+    obj = _receiver(rel, spec, "zmq_to_tokenizer")
     result = await obj.recv_mm_data(_request(spec), make_processor(rel, spec.get("processor", "record")), _prompt(spec))
     obj.context.term()
     return {"returned": None if result is None else result.summary}
@@ -294,14 +310,19 @@ class HostPool:
 
 
 def dispatch_ranks(rel: sglang_release.Release, spec: dict[str, Any]) -> dict[str, Any]:
-    """zmq_to_scheduler or mooncake: each prefill TP rank waits for its copy; the tokenizer dispatches /encode."""
+    """zmq_to_scheduler or mooncake: each prefill TP rank waits for its copy; the tokenizer dispatches /encode.
+
+    With ``transport: grpc`` (zmq_to_scheduler only, as in SGLang) the ranks are
+    ``WaitingZmqRequestGrpc`` (registering through the ``SchedulerReceiveUrl`` RPC) and the
+    dispatch is ``MMReceiverGrpc.encode`` (the ``Encode`` RPC)."""
     import torch
     import zmq
 
     backend = spec["backend"]
     ctx = zmq.Context()
     urls = spec["encode_urls"]
-    obj = _http_receiver(rel, urls, backend)
+    obj = _receiver(rel, spec, backend)
+    waiting_zmq = rel.rx.WaitingZmqRequestGrpc if spec.get("transport") == "grpc" else rel.rx.WaitingZmqRequest
     mm_data = obj._extract_url_data(_request(spec))
     assigned = obj._assign_items_by_modality(mm_data, len(urls))
     rid, tp = spec["rid"], spec.get("tp", 1)
@@ -319,7 +340,7 @@ def dispatch_ranks(rel: sglang_release.Release, spec: dict[str, Any]) -> dict[st
             rank = _rank(ctx)
             runner = rel.rx._ReceiveRegistrationRunner(f"reg-{i}") if hasattr(rel.rx, "_ReceiveRegistrationRunner") else None
             rank.waiting_by_rid[rid] = _build(
-                rel.rx.WaitingZmqRequest, rid=rid, recv_req=_recv_req(rid, spec, assigned), mm_processor=proc, encoder_urls=urls,
+                waiting_zmq, rid=rid, recv_req=_recv_req(rid, spec, assigned), mm_processor=proc, encoder_urls=urls,
                 model_type=None, host_name="127.0.0.1", receive_count=tp, embedding_pool=None, zmq_context=ctx,
                 embedding_port=rank.port, registration_runner=runner)
         ranks.append(rank)

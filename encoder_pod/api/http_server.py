@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -22,7 +22,7 @@ from encoder_pod.api.disconnects import CLIENT_GONE, GoneClients
 from encoder_pod.api.engine import Engine
 from encoder_pod.api.answers import answer_response
 from encoder_pod.api.json_body import SMALL_BODY, parse_large
-from encoder_pod.api.lifecycle import DrainGate, Lifecycle
+from encoder_pod.api.lifecycle import DrainGate, Lifecycle, check_ready
 from encoder_pod.api.openapi import ENCODE_OPENAPI
 from encoder_pod.api.vllm_chat import VllmFace
 from encoder_pod.vllm_epd.storage import check_identifier
@@ -30,8 +30,11 @@ from encoder_pod.errors import EncoderError, FaceOff, InvalidRequest, PayloadToo
 from encoder_pod.json_limits import MAX_DEPTH, JsonTooDeep, nesting_over
 from encoder_pod.metrics import EdgeMetrics
 from encoder_pod.offload import Offload, freeze_startup_objects
-from encoder_pod.settings import EncoderSettings
+from encoder_pod.settings import EncoderSettings, SettingsError
 from encoder_pod.transfer.inline import InlineAnswer
+
+if TYPE_CHECKING:
+    from encoder_pod.api.grpc_server import GrpcFace  # the grpc extra: imported only when ENCODER_GRPC_PORT is set
 
 log = logging.getLogger(__name__)
 
@@ -154,20 +157,38 @@ def _install_error_table(app: FastAPI, gone: GoneClients) -> None:
 
 
 def _lifespan(
-    engine: Engine, settings: EncoderSettings, offload: Offload
+    engine: Engine, settings: EncoderSettings, offload: Offload, grpc_face: GrpcFace | None
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
+        if grpc_face is not None:
+            await grpc_face.start()
         freeze_startup_objects()  # the web stack; a local model is frozen once it is loaded
         yield
         # The drain (encoder_pod.server) already waited for what was admitted: stop promptly.
+        if grpc_face is not None:
+            await grpc_face.stop(grace=STOP_GRACE_S)
         await engine.shutdown(grace=STOP_GRACE_S)
         if app.state.vllm_face is not None:
             app.state.vllm_face.close()
         offload.close()
 
     return lifespan
+
+
+def _grpc_face(settings: EncoderSettings, engine: Engine, lifecycle: Lifecycle) -> GrpcFace | None:
+    """SGLang's gRPC face when ``ENCODER_GRPC_PORT`` is set (the ``grpc`` extra), else None."""
+    if not settings.server.grpc_port:
+        return None
+    try:
+        from encoder_pod.api.grpc_server import GrpcFace
+    except ImportError as exc:
+        raise SettingsError(
+            f"invalid setting ENCODER_GRPC_PORT / --grpc-port: the gRPC face needs the grpc extra "
+            f"(pip install 'encoderpool[grpc]'): {exc}"
+        ) from None
+    return GrpcFace(settings, engine, lifecycle)
 
 
 class PodApp(FastAPI):
@@ -192,9 +213,11 @@ def create_app(settings: EncoderSettings, engine: Engine, lifecycle: Lifecycle |
     """The encoder pod's HTTP app over ``engine``; ``lifecycle`` is the drain state the server drives."""
     offload = Offload(name="http-offload")
     lifecycle = lifecycle or Lifecycle()
-    app = PodApp(title="encoderpool encoder pod", version="0.1.0", lifespan=_lifespan(engine, settings, offload))
+    grpc_face = _grpc_face(settings, engine, lifecycle)
+    app = PodApp(title="encoderpool encoder pod", version="0.1.0", lifespan=_lifespan(engine, settings, offload, grpc_face))
     app.state.engine = engine
     app.state.lifecycle = lifecycle
+    app.state.grpc = grpc_face
     gone = GoneClients()
     app.add_middleware(DrainGate, lifecycle=lifecycle)
     _install_error_table(app, gone)
@@ -317,9 +340,7 @@ def _document_encode(app: FastAPI) -> None:
 
 def _install_probes(app: FastAPI, engine: Engine, lifecycle: Lifecycle) -> None:
     async def ready() -> Response:
-        if lifecycle.draining:
-            raise lifecycle.refusal()
-        await engine.health()
+        await check_ready(engine, lifecycle)
         return Response(status_code=200)
 
     @app.get("/livez")

@@ -23,6 +23,7 @@ import asyncio
 import time
 from typing import Any, Awaitable, Callable, MutableMapping
 
+from encoder_pod.api.engine import Engine
 from encoder_pod.errors import DRAINING_MESSAGE, Draining
 
 Scope = MutableMapping[str, Any]
@@ -115,6 +116,14 @@ class Lifecycle:
         self._inflight -= 1
         if self._inflight == 0:
             self._idle.set()
+
+
+async def check_ready(engine: Engine, lifecycle: Lifecycle) -> None:
+    """The pod's one readiness verdict, as ``/health`` answers it and gRPC's health service reports
+    it: raises the typed 503 (draining, loading, failed, stale), returns when ready. From state, at once."""
+    if lifecycle.draining:
+        raise lifecycle.refusal()
+    await engine.health()
 
 
 class DrainGate:

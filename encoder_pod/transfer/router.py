@@ -66,6 +66,12 @@ class PulledTransfer(Transfer):
         pulled = asyncio.ensure_future(self._staging.claimed(request.req_id, deadline - time.monotonic()))
         try:
             await asyncio.wait({registered, pulled}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # The caller went (an HTTP client disconnected, a gRPC call was cancelled): nobody will
+            # ask for this part, and its req_id must be free for a retry at once.
+            self._staging.discard(request.req_id)
+            self._zmq.forget(request.req_id)
+            raise
         finally:
             for task in (registered, pulled):
                 if not task.done():
