@@ -11,7 +11,7 @@ registered by decorator (pydantic validators, FastAPI routes, kopf handlers) nee
 # ruff: noqa
 # mypy: ignore-errors
 from encoder_pod import json_limits, server
-from encoder_pod.api import connections
+from encoder_pod.api import connections, grpc_encoder, grpc_health
 from encoder_pod.batching import admission
 from encoder_pod.receiver import client, pull
 from encoder_pod.transfer import inline, push_sender
@@ -33,6 +33,10 @@ _.mm_hash
 server._Server.capture_signals
 server._Server.should_exit
 _.timeout_graceful_shutdown
+# grpc.aio calls the servicer methods the generated add_*Servicer_to_server registered (the RPC names).
+grpc_encoder.SglangEncoderFace.SchedulerReceiveUrl
+grpc_health.HealthFace.Check
+grpc_health.HealthFace.Watch
 # Called by uvicorn's HTTP protocols on a request they cannot parse (overridden in api/connections.py).
 connections._ConnectionLimits.send_400_response
 # json.JSONDecoder's scanner reads these attributes.

@@ -25,9 +25,6 @@ SERVICES = ("", ENCODER_SERVICE)
 WATCH_POLL_S = 0.5
 """How often a ``Watch`` stream looks at the verdict (it sends only changes)."""
 
-Status = health_pb2.HealthCheckResponse.ServingStatus
-
-
 class HealthFace(health_pb2_grpc.HealthServicer):
     """The health service: the verdict of ``/health``, as gRPC health statuses."""
 
@@ -35,7 +32,7 @@ class HealthFace(health_pb2_grpc.HealthServicer):
         self._engine = engine
         self._lifecycle = lifecycle
 
-    async def status(self) -> "Status":
+    async def status(self) -> int:
         """SERVING when ``/health`` would be 200, else NOT_SERVING."""
         try:
             await check_ready(self._engine, self._lifecycle)
