@@ -156,7 +156,7 @@ main() {
     die "the wheels are fetched with the host's pip for the images' platform: it must be CPython 3.11 on x86_64"
   base="$(base_image)"
   # constraints.txt is uv.lock exported for pip: the images get exactly the locked versions.
-  COMPILE_ARGS=(pyproject.toml --extra mooncake -c constraints.txt)
+  COMPILE_ARGS=(pyproject.toml --extra mooncake --extra grpc -c constraints.txt)
   encoder_reqs="$(pinned encoder pyproject.toml constraints.txt)"
   local operator_in="$WORK/operator-requirements.in"
   { cat docker/operator-requirements.in; echo setuptools; } >"$operator_in"
