@@ -4,7 +4,9 @@ SERVING exactly when ``/health`` would answer 200 (:func:`~encoder_pod.api.lifec
 the model loaded, a real encode succeeded recently, not draining), NOT_SERVING otherwise; both
 from state, at once, so a Kubernetes ``grpc`` probe costs no model work. The services answered
 are SGLang's gRPC encoder's: ``""`` (the whole server) and ``sglang.grpc.encoder.SglangEncoder``;
-any other name is NOT_FOUND (``Check``) or SERVICE_UNKNOWN (``Watch``), as the health protocol says.
+plus ``encoderpool.liveness``, ``/livez``'s twin: SERVING whenever the event loop answers (touches
+no engine, queue or model), for a liveness probe that never restarts a busy or loading pod. Any
+other name is NOT_FOUND (``Check``) or SERVICE_UNKNOWN (``Watch``), as the health protocol says.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ from encoder_pod.api.lifecycle import Lifecycle, check_ready
 from encoder_pod.errors import EncoderError
 
 ENCODER_SERVICE = "sglang.grpc.encoder.SglangEncoder"
-SERVICES = ("", ENCODER_SERVICE)
-"""The names health answers for (SGLang's gRPC encoder registers the same two)."""
+READINESS = ("", ENCODER_SERVICE)
+"""The names whose status is the readiness verdict (SGLang's gRPC encoder registers the same two)."""
+LIVENESS = "encoderpool.liveness"
+"""The name whose status is SERVING while this process's event loop answers (``/livez``)."""
+SERVICES = (*READINESS, LIVENESS)
 WATCH_POLL_S = 0.5
 """How often a ``Watch`` stream looks at the verdict (it sends only changes)."""
 
@@ -32,8 +37,10 @@ class HealthFace(health_pb2_grpc.HealthServicer):
         self._engine = engine
         self._lifecycle = lifecycle
 
-    async def status(self) -> int:
-        """SERVING when ``/health`` would be 200, else NOT_SERVING."""
+    async def status(self, service: str = "") -> int:
+        """SERVING when ``/health`` would be 200 (for :data:`LIVENESS`: always), else NOT_SERVING."""
+        if service == LIVENESS:
+            return health_pb2.HealthCheckResponse.SERVING
         try:
             await check_ready(self._engine, self._lifecycle)
         except EncoderError:
@@ -46,7 +53,7 @@ class HealthFace(health_pb2_grpc.HealthServicer):
         """The verdict now; NOT_FOUND for a service this server does not have."""
         if request.service not in SERVICES:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}; this server has {SERVICES}")
-        return health_pb2.HealthCheckResponse(status=await self.status())
+        return health_pb2.HealthCheckResponse(status=await self.status(request.service))
 
     async def Watch(  # noqa: N802 - the generated servicer's method name
         self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
@@ -57,7 +64,7 @@ class HealthFace(health_pb2_grpc.HealthServicer):
             return
         last = None
         while True:
-            now = await self.status()
+            now = await self.status(request.service)
             if now != last:
                 yield health_pb2.HealthCheckResponse(status=now)
                 last = now

@@ -34,7 +34,7 @@ from tests.support.media_host import MediaHost
 from tests.support.server import EncoderServer, free_port, png_data_uri
 from tests.support.sglang_harness import SglangHarness
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]  # a fixture starts two or three pods
 
 IMAGES = [png_data_uri(64, 48, seed=7), png_data_uri(40, 80, seed=8), png_data_uri(48, 48, seed=9)]
 BASE_ENV = {"ENCODER_NUM_THREADS": "1", "ENCODER_SEND_TIMEOUT": "60"}
@@ -151,9 +151,10 @@ def test_reflection_lists_sglangs_three_services_with_smg_grpc_protos_own_descri
     assert served.SerializeToString() == theirs  # the contract served is the package's, byte for byte
 
 
-def test_health_is_serving_for_sglangs_names_and_not_found_otherwise(pod: GrpcPod):
+def test_health_is_serving_for_sglangs_names_and_liveness_and_not_found_otherwise(pod: GrpcPod):
     assert pod.client.health("") == "SERVING"
     assert pod.client.health("sglang.grpc.encoder.SglangEncoder") == "SERVING"
+    assert pod.client.health("encoderpool.liveness") == "SERVING"
     code, details, _ = failure(lambda: pod.client.health("some.other.Service"))
     assert code is grpc.StatusCode.NOT_FOUND and "some.other.Service" in details
 
@@ -358,6 +359,7 @@ def test_health_follows_the_http_verdict_through_start_and_drain(tiny_model):
             samples.append(_verdicts(pod))
             time.sleep(0.05)
         assert any(s[0] == "NOT_SERVING" for s in samples), samples  # loading was seen as NOT_SERVING
+        assert any(s[0] == "NOT_SERVING" and s[1] == 503 for s in samples), samples
         _agree(samples)
         pod.client.wait_serving(30)
 
@@ -376,6 +378,7 @@ def test_health_follows_the_http_verdict_through_start_and_drain(tiny_model):
             assert trailer["encoderpool-error-kind"] == "draining" and trailer["grpc-retry-pushback-ms"] == "1000"
             drain += [_verdicts(pod) for _ in range(5)]
             assert all(s[0] in ("NOT_SERVING", None) for s in drain[-5:]), drain
+            assert pod.client.health("encoderpool.liveness") == "SERVING"  # /livez's twin: alive while draining
             _agree(drain)
             host.release()
             assert held.result(60) == pb.EncodeResponse()  # admitted before the drain: delivered
