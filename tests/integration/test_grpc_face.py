@@ -13,8 +13,12 @@ Every check compares what arrived over a backend with the same pod's HTTP inline
 
 from __future__ import annotations
 
+import re
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
@@ -36,6 +40,7 @@ from tests.support.sglang_harness import SglangHarness
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]  # a fixture starts two or three pods
 
+REPO = Path(__file__).resolve().parents[2]
 IMAGES = [png_data_uri(64, 48, seed=7), png_data_uri(40, 80, seed=8), png_data_uri(48, 48, seed=9)]
 BASE_ENV = {"ENCODER_NUM_THREADS": "1", "ENCODER_SEND_TIMEOUT": "60"}
 HELD_ENV = {"ENCODER_ALLOWED_MEDIA_DOMAINS": "127.0.0.1", "ENCODER_URL_FETCH_TIMEOUT": "60"}
@@ -179,6 +184,18 @@ def test_sglangs_own_grpc_client_splits_a_request_over_two_pods(pods: list[GrpcP
         assert len(got["meta"]["img_grid_thw"]) == len(IMAGES)
     if "assigned" in ready:  # both pods got a part: the request really was split
         assert 0 not in ready["assigned"]["IMAGE"], ready
+
+
+def test_the_python_client_of_docs_grpc_md_runs_as_written(pod: GrpcPod, sink: int):
+    """docs/grpc.md's stub snippet, its address, receiver and item pointed at this test's pod and sink."""
+    text = (REPO / "docs/grpc.md").read_text()
+    [block] = re.findall(r"```python\n(.*?)```", text, re.S)
+    for shown, here in (("localhost:50051", pod.client.target), ('"prefill-0"', '"127.0.0.1"'), ("[5555]", f"[{sink}]"),
+                        ('"https://example.com/cat.jpg"', repr(IMAGES[0]))):
+        assert shown in block, shown
+        block = block.replace(shown, here)
+    proc = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 # --- status codes a gateway can act on --------------------------------------------------------------------
