@@ -240,8 +240,8 @@ class ServerSettings(SettingsGroup):
     """Address the HTTP server binds."""
     port: int = Field(30000, ge=1, le=65535, json_schema_extra=names(derived_from="from spec.port"))
     """HTTP port."""
-    grpc_port: int = Field(0, ge=0, le=65535)
-    """Port of SGLang's gRPC encoder face (sglang.grpc.encoder.SglangEncoder, grpc.health.v1, reflection) beside HTTP; 0 = off."""
+    grpc_port: int = Field(0, ge=0, le=65535, json_schema_extra=names(derived_from="from spec.grpc.port (unset: off)"))
+    """Port of SGLang's gRPC encoder face (sglang.grpc.encoder.SglangEncoder, grpc.health.v1, reflection) beside HTTP, on HOST; 0 = off."""
     max_request_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     """Largest /encode body in bytes, 413 beyond; also the largest item fetched from a URL."""
     register_urls: list[str] = Field(

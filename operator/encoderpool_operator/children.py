@@ -131,7 +131,9 @@ def service(pool: Pool) -> dict[str, Any]:
             "publishNotReadyAddresses": False,
             "selector": names.selector_labels(pool.name),
             "ports": [
-                {"name": names.PORT_NAME, "port": pool.spec.port, "targetPort": names.PORT_NAME, "protocol": "TCP"}
+                {"name": names.PORT_NAME, "port": pool.spec.port, "targetPort": names.PORT_NAME, "protocol": "TCP"},
+                *([{"name": names.GRPC_PORT_NAME, "port": pool.spec.grpc.port, "targetPort": names.GRPC_PORT_NAME,
+                    "protocol": "TCP"}] if pool.spec.grpc.port is not None else []),
             ],
         },
     }

@@ -15,6 +15,12 @@ PLURAL = "encoderpools"
 OPERATOR_NAME = "encoderpool-operator"
 CONTAINER_NAME = "encoder"
 PORT_NAME = "http"
+GRPC_PORT_NAME = "grpc"
+"""The encoder container's port of SGLang's gRPC face (spec.grpc.port)."""
+GRPC_ENV = "ENCODER_GRPC_PORT"
+"""Rendered only for a pool with spec.grpc.port (the pod's gRPC face is off by default)."""
+GRPC_LIVENESS_SERVICE = "encoderpool.liveness"
+"""The grpc.health.v1 service name a pod answers like GET /livez (the event loop alone)."""
 
 # Labels. The selector uses only our own domain label: app.kubernetes.io/instance is shared with
 # Helm releases and other tools, and a selector must never match someone else's pods.

@@ -3,7 +3,8 @@
 Which variables are rendered, and from which spec field, is generated from the pod's settings
 declaration (``podsettings.py``): a setting that is a spec field (``DIRECT_ENV``) is rendered
 from its value here without naming it; only the settings derived from other spec fields
-(``DERIVED_ENV``: model path, bind address, port, device, drain timeout, SGLang registration)
+(``DERIVED_ENV``: model path, bind address, port, device, drain timeout, SGLang registration,
+the gRPC port)
 are computed by hand below. A unit test loads the rendered env with the pod's own
 ``encoder_pod.settings.load_settings`` and compares every setting with the spec.
 """
@@ -66,10 +67,16 @@ def derived_env(spec: PoolSpec) -> dict[str, str]:
         # 0.0.0.0: the kubelet's probes and the Service reach the pod on its pod IP.
         "ENCODER_HOST": "0.0.0.0",
         "ENCODER_PORT": str(spec.port),
+        **grpc_env(spec),
         **registration_env(spec),
         "ENCODER_DRAIN_TIMEOUT": _num(spec.drain_timeout_seconds),
         **({"ENCODER_VLLM_STORAGE_PATH": names.VLLM_STORAGE_DIR} if spec.vllm_storage is not None else {}),
     }
+
+
+def grpc_env(spec: PoolSpec) -> dict[str, str]:
+    """ENCODER_GRPC_PORT when the pool serves SGLang's gRPC face (spec.grpc.port), else nothing (off)."""
+    return {} if spec.grpc.port is None else {names.GRPC_ENV: str(spec.grpc.port)}
 
 
 def encoder_settings(spec: PoolSpec) -> dict[str, str]:

@@ -51,33 +51,60 @@ def probes(spec: PoolSpec) -> dict[str, Any]:
     passed, which is what lets status tell a slow model load from a failing probe. The startup
     budget is spec.startupTimeoutSeconds; liveness only starts after it, so a long load is never
     killed, and it asks /livez, which a saturated pod still answers (its queue is never lost to a
-    liveness restart).
+    liveness restart). With spec.grpc.probes the same three ask grpc.health.v1 on the gRPC port
+    instead (readiness and startup: the verdict of /health; liveness: that of /livez).
     """
 
     def get(path: str) -> dict[str, Any]:
         return {"path": path, "port": names.PORT_NAME, "scheme": "HTTP"}
 
+    if spec.grpc.probes:
+        assert spec.grpc.port is not None  # Grpc guarantees it
+        port = spec.grpc.port
+        # The kubelet's gRPC probe calls grpc.health.v1.Health/Check: service "" is the same verdict
+        # as GET /health, encoderpool.liveness the same as GET /livez. (A gRPC probe names its port
+        # by number: the API has no named port for it.)
+        def ready() -> dict[str, Any]:
+            return {"grpc": {"port": port}}
+
+        def alive() -> dict[str, Any]:
+            return {"grpc": {"port": port, "service": names.GRPC_LIVENESS_SERVICE}}
+    else:
+        def ready() -> dict[str, Any]:
+            return {"httpGet": get(HEALTH_PATH)}
+
+        def alive() -> dict[str, Any]:
+            return {"httpGet": get(LIVENESS_PATH)}
+
     return {
         "startupProbe": {
-            "httpGet": get(HEALTH_PATH),
+            **ready(),
             "periodSeconds": STARTUP_PERIOD_SECONDS,
             "timeoutSeconds": HEALTH_TIMEOUT_SECONDS,
             "failureThreshold": math.ceil(spec.startup_timeout_seconds / STARTUP_PERIOD_SECONDS),
         },
         "readinessProbe": {
-            "httpGet": get(HEALTH_PATH),
+            **ready(),
             "periodSeconds": 5,
             "timeoutSeconds": HEALTH_TIMEOUT_SECONDS,
             "failureThreshold": 2,
         },
         # Generous: only a process whose event loop is gone for a minute is restarted.
         "livenessProbe": {
-            "httpGet": get(LIVENESS_PATH),
+            **alive(),
             "periodSeconds": 10,
             "timeoutSeconds": 10,
             "failureThreshold": 6,
         },
     }
+
+
+def container_ports(spec: PoolSpec) -> list[dict[str, Any]]:
+    """The encoder container's ports: HTTP, and SGLang's gRPC face when spec.grpc.port is set."""
+    ports = [{"name": names.PORT_NAME, "containerPort": spec.port, "protocol": "TCP"}]
+    if spec.grpc.port is not None:
+        ports.append({"name": names.GRPC_PORT_NAME, "containerPort": spec.grpc.port, "protocol": "TCP"})
+    return ports
 
 
 def lifecycle(spec: PoolSpec) -> dict[str, Any]:
@@ -167,7 +194,7 @@ def encoder_container(spec: PoolSpec, image: str, mounts: list[dict[str, Any]]) 
         "imagePullPolicy": spec.image_pull_policy,
         "command": container_command(spec),
         "env": container_env(spec),
-        "ports": [{"name": names.PORT_NAME, "containerPort": spec.port, "protocol": "TCP"}],
+        "ports": container_ports(spec),
         "resources": resources(spec),
         **probes(spec),
         **lifecycle(spec),

@@ -110,6 +110,7 @@ DERIVED_ENV: tuple[str, ...] = (
     "ENCODER_DEVICE",  # from spec.device (cpu for a pool that requests no GPU)
     "ENCODER_HOST",  # always 0.0.0.0 (the kubelet's probes and the Service reach the pod on its IP)
     "ENCODER_PORT",  # from spec.port
+    "ENCODER_GRPC_PORT",  # from spec.grpc.port (unset: off)
     "ENCODER_REGISTER_URLS",  # from spec.sglang.registerURLs
     "ENCODER_ADVERTISE_URL",  # http://$(POD_IP):<spec.port> when spec.sglang.registerURLs is set (the pod IP from the downward API)
     "ENCODER_DRAIN_TIMEOUT",  # from spec.drain.timeoutSeconds (unset: spec.batching.requestTimeoutSeconds + 5)
@@ -121,6 +122,7 @@ MANAGED_ENV: tuple[str, ...] = (
     "ENCODER_DEVICE",
     "ENCODER_HOST",
     "ENCODER_PORT",
+    "ENCODER_GRPC_PORT",
     "ENCODER_REGISTER_URLS",
     "ENCODER_ADVERTISE_URL",
     "ENCODER_DRAIN_TIMEOUT",
@@ -152,6 +154,8 @@ RESERVED_ENV: tuple[str, ...] = (
     "SGLANG_ENCODER_HOST",
     "ENCODER_PORT",
     "SGLANG_ENCODER_PORT",
+    "ENCODER_GRPC_PORT",
+    "SGLANG_ENCODER_GRPC_PORT",
     "ENCODER_REGISTER_URLS",
     "SGLANG_ENCODER_REGISTER_URLS",
     "ENCODER_ADVERTISE_URL",

@@ -35,6 +35,7 @@ from encoderpool_operator.specops import (
     DRAIN_MARGIN_SECONDS,
     Autoscaling,
     Drain,
+    Grpc,
     HubModel,
     ModelSource,
     PodTemplateOverride,
@@ -83,6 +84,7 @@ class PoolSpec(PodSettingsSpec):
     autoscaling: Autoscaling | None = None
     sglang: SGLang = Field(default_factory=SGLang)
     vllm_storage: VllmStorage | None = None
+    grpc: Grpc = Field(default_factory=Grpc)
     pod_template: PodTemplateOverride | None = None
     follow_default_image: bool = False
 
@@ -105,6 +107,8 @@ class PoolSpec(PodSettingsSpec):
                 "spec.env must not set an ENCODER_* variable the operator renders from the spec (or another "
                 f"name the pod reads it under: {', '.join(clash)}): set the spec field instead"
             )
+        if self.grpc.port is not None and self.grpc.port == self.port:
+            raise ValueError(f"spec.grpc.port must differ from spec.port ({self.port}): each face has a port of its own")
         if len({e.name for e in self.env}) != len(self.env):
             raise ValueError("spec.env has a variable twice")
         reserved = sorted(set(self.pod_labels) & set(names.RESERVED_LABELS))

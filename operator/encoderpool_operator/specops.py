@@ -152,6 +152,19 @@ class VllmStorage(SpecModel):
     claim_name: str | None = Field(None, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
+class Grpc(SpecModel):
+    """SGLang's gRPC encoder face of the pods (sglang.grpc.encoder.SglangEncoder, grpc.health.v1)."""
+
+    port: int | None = Field(None, ge=1024, le=65535)
+    probes: bool = False
+
+    @model_validator(mode="after")
+    def _probes_need_a_port(self) -> "Grpc":
+        if self.probes and self.port is None:
+            raise ValueError("spec.grpc.probes needs spec.grpc.port: the probes ask grpc.health.v1 on it")
+        return self
+
+
 class TemplateMetadata(SpecModel):
     """Labels and annotations added to the pods."""
 

@@ -117,20 +117,21 @@ def test_command_flags_mean_the_same_as_the_env(case: str, make_pool: Callable[.
 
 
 def test_the_derived_settings_are_the_declared_ones() -> None:
-    """podenv computes exactly the settings the pod's declaration marks derived_from (registration only when asked)."""
-    registering = PoolSpec.model_validate({"model": "/m", "sglang": {"registerURLs": ["http://p:8998"]}, "vllmStorage": {}})
+    """podenv computes exactly the settings the pod's declaration marks derived_from (registration, vLLM storage and gRPC only when asked)."""
+    registering = PoolSpec.model_validate({"model": "/m", "sglang": {"registerURLs": ["http://p:8998"]}, "vllmStorage": {}, "grpc": {"port": 50051}})
     assert tuple(derived_env(registering)) == DERIVED_ENV
     plain = tuple(derived_env(PoolSpec(model="/m")))
-    assert plain == tuple(v for v in DERIVED_ENV if v not in (*names.REGISTRATION_ENV, "ENCODER_VLLM_STORAGE_PATH"))
+    assert plain == tuple(v for v in DERIVED_ENV if v not in (*names.REGISTRATION_ENV, "ENCODER_VLLM_STORAGE_PATH", names.GRPC_ENV))
 
 
 def test_rendered_names_are_the_managed_list() -> None:
-    """Every managed name is rendered, in the declared order; the registration pair only when the pool registers."""
+    """Every managed name is rendered, in the declared order; the registration pair only when the pool
+    registers, the gRPC port only when it has one."""
     plain_spec = PoolSpec(model="/m")
     unset = {env for obj, attr, env in DIRECT_ENV if getattr(getattr(plain_spec, obj), attr) is None}
     plain = tuple(encoder_settings(plain_spec))
-    assert plain == tuple(v for v in MANAGED_ENV if v not in (*names.REGISTRATION_ENV, "ENCODER_VLLM_STORAGE_PATH") and v not in unset)
-    registering = PoolSpec.model_validate({"model": "/m", "sglang": {"registerURLs": ["http://p:8998"]}, "vllmStorage": {}})
+    assert plain == tuple(v for v in MANAGED_ENV if v not in (*names.REGISTRATION_ENV, "ENCODER_VLLM_STORAGE_PATH", names.GRPC_ENV) and v not in unset)
+    registering = PoolSpec.model_validate({"model": "/m", "sglang": {"registerURLs": ["http://p:8998"]}, "vllmStorage": {}, "grpc": {"port": 50051}})
     assert tuple(encoder_settings(registering)) == tuple(v for v in MANAGED_ENV if v not in unset)
 
 
