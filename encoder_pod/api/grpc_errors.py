@@ -4,7 +4,7 @@ The HTTP edge maps the same kinds to HTTP statuses (:data:`encoder_pod.errors.HT
 is its gRPC twin, so a gateway can act on the code alone:
 
 - the caller's mistake (a field, an item) is ``INVALID_ARGUMENT``, its details naming the field;
-- a req_id already in flight is ``ALREADY_EXISTS``;
+- a req_id already in flight is ``ALREADY_EXISTS``; something the pod does not have, ``NOT_FOUND``;
 - a full queue (or a request above a size limit) is ``RESOURCE_EXHAUSTED``: back off;
 - loading, draining, stopping or no live worker is ``UNAVAILABLE``: retry on another encoder
   (a drain adds ``grpc-retry-pushback-ms``, gRPC's own retry hint, as HTTP adds ``Retry-After``);
@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 GRPC_STATUS: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.INVALID_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorKind.DUPLICATE_REQUEST: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     ErrorKind.PAYLOAD_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.NOT_READY: grpc.StatusCode.UNAVAILABLE,
