@@ -89,7 +89,7 @@ def pods(tiny_model) -> Iterator[list[GrpcPod]]:
     """Two single-process pods, default (auto) transfer. SGLang's gRPC client sends every part of a
     request under the request's own id, one part per encoder, so a split needs two encoders.
     The first has a small queue and request timeout for the error tests."""
-    env = {"ENCODER_MAX_QUEUE": "2", "ENCODER_REQ_TIMEOUT": "10", **HELD_ENV}
+    env = {"ENCODER_MAX_QUEUE": "2", "ENCODER_MAX_BATCH_SIZE": "2", "ENCODER_REQ_TIMEOUT": "10", **HELD_ENV}
     started = [GrpcPod(tiny_model("qwen2_vl"), env), GrpcPod(tiny_model("qwen2_vl"))]
     try:
         _pods(*started)
