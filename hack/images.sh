@@ -167,8 +167,10 @@ main() {
   ctx="$(context operator "$(wheels operator "$operator_reqs")" "$operator_reqs")"
   build "$OPERATOR_IMAGE" docker/Dockerfile.operator "$ctx" "$base"
   local wheeldir variant
-  wheeldir="$(wheels encoder "$encoder_reqs")"
-  ctx="$(context encoder "$wheeldir" "$encoder_reqs")"
+  if [ -n "$VARIANTS" ]; then
+    wheeldir="$(wheels encoder "$encoder_reqs")"
+    ctx="$(context encoder "$wheeldir" "$encoder_reqs")"
+  fi
   for variant in $VARIANTS; do
     build "$(encoder_image "$variant")" docker/Dockerfile.encoder-pod "$ctx" "$base" "VARIANT=$variant"
   done
