@@ -26,7 +26,9 @@ READY_SECONDS = 120.0
 
 
 def scripts_configmap(pools: Pools) -> None:
-    """The scripts of tests/kind/scripts/ as a ConfigMap of the namespace."""
+    """The scripts of tests/kind/scripts/ as a ConfigMap of the namespace (once)."""
+    if pools.api.get_or_none(path_for("v1", "configmaps", pools.namespace, SCRIPTS_CONFIGMAP)) is not None:
+        return
     data = {p.name: p.read_text() for p in sorted(SCRIPTS.glob("*.py"))}
     pools.api.create(path_for("v1", "configmaps", pools.namespace),
                      {"metadata": {"name": SCRIPTS_CONFIGMAP}, "data": data})

@@ -10,7 +10,7 @@ from __future__ import annotations
 from tests.e2e.cluster.api import path_for, wait_for
 from tests.e2e.pools import Pools
 from tests.kind.images import ENCODER_CPU_IMAGE
-from tests.kind.incluster import MOUNT, SCRIPTS_CONFIGMAP
+from tests.kind.incluster import MOUNT, SCRIPTS_CONFIGMAP, scripts_configmap
 
 JOB_SECONDS = 600.0
 
@@ -23,8 +23,10 @@ def claim(pools: Pools, name: str, size: str = "1Gi") -> None:
 
 
 def fill(pools: Pools, claim_name: str, script: str, timeout: float = JOB_SECONDS) -> None:
-    """Run ``sh -c script`` in a Job of the encoder image with the claim at /data; wait for it."""
+    """Run ``sh -c script`` in a Job of the encoder image with the claim at /data and the scripts of
+    tests/kind/scripts/ at /scripts; wait for it."""
     job = f"fill-{claim_name}"
+    scripts_configmap(pools)
     pools.api.create(path_for("batch/v1", "jobs", pools.namespace), {
         "metadata": {"name": job},
         "spec": {"backoffLimit": 0, "template": {"spec": {
