@@ -23,7 +23,7 @@ REPO="$PWD"
 
 CACHE="${ENCODERPOOL_CACHE:-$HOME/.cache/encoderpool}"
 export ENCODERPOOL_CACHE="$CACHE"
-VARIANTS="${ENCODER_VARIANTS:-cpu}"
+VARIANTS="${ENCODER_VARIANTS-cpu}"  # set and empty: the operator image alone
 PYTHON_IMAGE="${PYTHON_IMAGE:-python:3.11-slim-bookworm}"
 UV="${UV:-$CACHE/tools/bin/uv}"
 PIP="${PIP:-$CACHE/tools/bin/pip}"
