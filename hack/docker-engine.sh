@@ -68,6 +68,8 @@ start_engine() {
     [ $((SECONDS - began)) -lt "$START_SECONDS" ] || die "dockerd did not answer within ${START_SECONDS}s (see $LOG)"
     sleep 0.5
   done
+  # setsid may fork: the engine's own pid file names dockerd itself.
+  if [ -s /var/run/docker.pid ]; then pid="$(cat /var/run/docker.pid)"; fi
   echo "$pid" >"$PIDFILE"
   say "dockerd $(docker version --format '{{.Server.Version}}' 2>/dev/null) answers after $((SECONDS - began))s (pid $pid)"
 }
