@@ -32,7 +32,8 @@ from typing import Any, Callable
 import httpx
 import numpy as np
 
-from bench.common import RESULTS, checkpoint, jpeg_uri, machine, percentile, write_json
+from bench.common import RESULTS, checkpoint, machine, percentile, write_json
+from testkit.media import jpeg_uri
 
 N_IMAGES = 1000
 REPEAT_TARGET = 0.5
@@ -204,7 +205,7 @@ def main() -> None:
     parser.add_argument("--baseline-tree", type=Path, default=None, help="source tree of the revision before the cache")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the pods on the way out
-    from tests.support.server import EncoderServer
+    from testkit.server import EncoderServer
 
     model = checkpoint(args.arch)
     exponent = zipf_exponent(N_IMAGES, args.length, REPEAT_TARGET)

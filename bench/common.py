@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmarks: checkpoints in the cache, test images, latency stats."""
+"""Shared pieces of the benchmarks: checkpoints in the cache, machine facts, latency stats, result files."""
 
 from __future__ import annotations
 
@@ -12,12 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from tests.support.server import jpeg_uri  # the benches' test image, shared with the e2e load
-
 CACHE = Path(os.environ.get("ENCODERPOOL_CACHE", Path.home() / ".cache" / "encoderpool"))
 RESULTS = Path(__file__).resolve().parent / "results"
-
-__all__ = ["CACHE", "RESULTS", "checkpoint", "jpeg_uri", "machine", "percentile", "summary", "write_json"]
 
 
 def checkpoint(arch: str, preset: str = "moderate") -> Path:

@@ -44,10 +44,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.common import checkpoint, jpeg_uri, machine, summary, write_json
+from bench.common import checkpoint, machine, summary, write_json
 from bench.loadgen import ACCEPT, Answer, image_bodies, run_load
 from bench.paired import lockstep, summarize_lockstep
 from bench.peers.rounds import rotated
+from testkit.media import jpeg_uri
 
 CONCURRENCY = (1, 4, 16, 64)
 MAX_BATCH = 8
@@ -356,7 +357,7 @@ def main() -> None:
     if args.ceiling_worker is not None:
         _ceiling_worker(args.ceiling_worker, args.device, args.threads or 0)
         return
-    from tests.support.server import EncoderServer
+    from testkit.server import EncoderServer
 
     if args.threads is None:
         args.threads = 1 if args.device == "cpu" else 0

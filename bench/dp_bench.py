@@ -20,8 +20,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, checkpoint, jpeg_uri, machine, write_json
+from bench.common import RESULTS, checkpoint, machine, write_json
 from bench.loadgen import run_load
+from testkit.media import jpeg_uri
 
 CONCURRENCY = (1, 4, 16, 64)
 
@@ -142,7 +143,7 @@ def main() -> None:
     if args.replot:
         plot(json.loads((RESULTS / f"{name}.json").read_text()), RESULTS / f"{name}.png")
         return
-    from tests.support.server import EncoderServer
+    from testkit.server import EncoderServer
 
     model = checkpoint(args.arch)
     max_batch = 8

@@ -18,8 +18,9 @@ from typing import Any
 
 import httpx
 
-from bench.common import RESULTS, checkpoint, jpeg_uri, machine, percentile, write_json
+from bench.common import RESULTS, checkpoint, machine, percentile, write_json
 from bench.loadgen import run_load
+from testkit.media import jpeg_uri
 
 PROBE_TIMEOUT_S = 2.0  # SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_TIMEOUT's default
 PROBE_EVERY_S = 0.25
@@ -92,7 +93,7 @@ def main() -> None:
     parser.add_argument("--total", type=int, default=640)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
-    from tests.support.server import EncoderServer
+    from testkit.server import EncoderServer
 
     model = checkpoint(args.arch)
     with EncoderServer(model, env={"ENCODER_DEVICE": args.device, "ENCODER_MAX_QUEUE": "4096"}) as pod:

@@ -23,11 +23,12 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench.common import CACHE, RESULTS, checkpoint, jpeg_uri, machine, write_json
+from bench.common import CACHE, RESULTS, checkpoint, machine, write_json
 from bench.core_bench import ceiling
 from bench.loadgen import run_load
 from bench.peers import reference, stacks, venvs
 from bench.peers.rounds import ratio_table, rotated, summarize
+from testkit.media import jpeg_uri
 
 CONCURRENCY = (1, 4, 16)
 MAX_BATCH = 8
@@ -124,7 +125,7 @@ def measure_ceiling(tower: Path, others: list[stacks.Running], concurrency: int,
 def start_all(stack: ExitStack, wanted: list[str], tower: Path, device: str, args_threads: int, uris: list[str],
               notes: dict[str, Any]) -> tuple[dict[str, stacks.Running], Path | None]:
     """Start the wanted servers (peers' venvs and checkpoint first); a peer that cannot is noted."""
-    from tests.support.server import free_port
+    from testkit.server import free_port
 
     layers, threads = keep_layers(tower), args_threads
     envs = venvs.peer_envs()

@@ -63,7 +63,7 @@ def _answers(url: str, body: dict[str, Any]) -> Callable[[httpx.Client], bool]:
 
 def start_pod(stack: ExitStack, model: Path, device: str, max_batch: int, threads: int, uris: list[str]) -> Running:
     """``encoder-pod serve`` as bench/core_bench.py starts it (plus ``ENCODER_NUM_THREADS``)."""
-    from tests.support.server import EncoderServer
+    from testkit.server import EncoderServer
 
     env = {"ENCODER_MAX_BATCH_SIZE": str(max_batch), "ENCODER_DEVICE": device, "ENCODER_MAX_QUEUE": "4096"}
     if threads:

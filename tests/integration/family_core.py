@@ -21,7 +21,7 @@ from PIL import Image
 
 from tests.support import hf_processors
 from tests.support.media_files import audio_bytes, data_uri, tone
-from tests.support.server import png_data_uri
+from testkit.media import png_data_uri
 
 
 def image(width: int, height: int, seed: int) -> Image.Image:

@@ -13,7 +13,8 @@ import torch
 
 from encoder_pod.receiver import EncoderClient, decode_answer
 from encoder_pod.transfer.inline import decode_embedding
-from tests.support.server import EncoderServer, png_data_uri
+from testkit.media import png_data_uri
+from testkit.server import EncoderServer
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,8 @@ from encoder_pod.settings import load_settings
 from encoder_pod.transfer.inline import decode_embedding
 from tests.integration.encode_client import embedding, encode, encode_concurrently
 from tests.support.media_files import audio_bytes, data_uri, tone, video_bytes
-from tests.support.server import EncoderServer, png_data_uri
+from testkit.media import png_data_uri
+from testkit.server import EncoderServer
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,8 @@ from PIL import Image
 
 from tests.integration.encode_client import encode, encode_concurrently
 from tests.support.media_host import MediaHost
-from tests.support.server import EncoderServer, png_data_uri
+from testkit.media import png_data_uri
+from testkit.server import EncoderServer
 
 pytestmark = pytest.mark.integration
 

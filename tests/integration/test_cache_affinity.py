@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from encoder_pod.receiver import AsyncEmbeddingReceiver, EncoderClient, affinity_key, choose
-from tests.support.server import EncoderServer, png_data_uri
+from testkit.media import png_data_uri
+from testkit.server import EncoderServer
 
 pytestmark = pytest.mark.integration
 

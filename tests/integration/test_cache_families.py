@@ -25,7 +25,7 @@ from encoder_pod.runtime import EncoderRuntime
 from encoder_pod.settings import EncoderSettings, load_settings
 from encoder_pod.transfer.inline import InlineAnswer
 from tests.support.media_files import audio_bytes, data_uri, tone, video_bytes
-from tests.support.server import png_data_uri
+from testkit.media import png_data_uri
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from tests.integration.encode_client import encode
-from tests.support.server import EncoderServer, png_data_uri
+from testkit.media import png_data_uri
+from testkit.server import EncoderServer
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from tests.integration.encode_client import embedding, encode, encode_concurrently
-from tests.support.server import EncoderServer, png_data_uri
+from testkit.media import png_data_uri
+from testkit.server import EncoderServer
 
 pytestmark = pytest.mark.integration
 

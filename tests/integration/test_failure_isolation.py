@@ -22,7 +22,7 @@ from encoder_pod.errors import InternalError, InvalidRequest
 from encoder_pod.models.registry import load_adapter
 from encoder_pod.runtime import EncoderRuntime
 from encoder_pod.settings import load_settings
-from tests.support.server import png_data_uri
+from testkit.media import png_data_uri
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ import pytest
 from encoder_pod.models.weights import read_header
 from tests.integration.encode_client import embedding, encode, encode_concurrently
 from tests.integration.family_cases import CASES, Check, full_model
-from tests.support.server import EncoderServer
+from testkit.server import EncoderServer
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.integration.encode_client import embedding, encode_concurrently
 from tests.integration.family_cases import CASES, full_model
-from tests.support.server import EncoderServer
+from testkit.server import EncoderServer
 
 pytestmark = pytest.mark.integration
 

@@ -28,7 +28,8 @@ from PIL import Image
 
 from encoder_pod.readiness import HEALTH_SKIP_S
 from tests.integration.encode_client import encode
-from tests.support.server import EncoderServer, png_data_uri
+from testkit.media import png_data_uri
+from testkit.server import EncoderServer
 
 pytestmark = pytest.mark.integration
 

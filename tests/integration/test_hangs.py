@@ -19,7 +19,8 @@ from encoder_pod.readiness import STALE_HEARTBEAT_S
 from encoder_pod.settings import ParallelSettings
 from tests.support.health_poller import Poller
 from tests.support.load import ClosedLoop, one_image_body
-from tests.support.server import EncoderServer, png_data_uri
+from testkit.media import png_data_uri
+from testkit.server import EncoderServer
 
 pytestmark = pytest.mark.integration
 

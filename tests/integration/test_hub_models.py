@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.support.fake_hub import FakeHub, write_hf_cache
-from tests.support.server import EncoderServer
+from testkit.server import EncoderServer
 
 pytestmark = pytest.mark.integration
 

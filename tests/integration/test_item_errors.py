@@ -17,7 +17,7 @@ from encoder_pod.api.http_server import create_app
 from encoder_pod.media import decode
 from encoder_pod.runtime import EncoderRuntime
 from encoder_pod.settings import load_settings
-from tests.support.server import png_data_uri
+from testkit.media import png_data_uri
 
 pytestmark = pytest.mark.integration
 

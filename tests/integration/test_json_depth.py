@@ -15,7 +15,8 @@ import pytest
 from encoder_pod.discovery.registrar import Registrar
 from encoder_pod.json_limits import MAX_DEPTH
 from tests.integration.encode_client import embedding, encode
-from tests.support.server import EncoderServer, png_data_uri
+from testkit.media import png_data_uri
+from testkit.server import EncoderServer
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,8 @@ from encoder_pod.runtime import EncoderRuntime
 from encoder_pod.settings import load_settings
 from tests.integration.encode_client import encode
 from tests.support.media_host import MediaHost
-from tests.support.server import EncoderServer, png_data_uri
+from testkit.media import png_data_uri
+from testkit.server import EncoderServer
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,8 @@ from encoder_pod.readiness import HEALTH_SKIP_S
 from tests.integration.encode_client import encode
 from tests.support.health_poller import Poller
 from tests.support.load import ClosedLoop, one_image_body
-from tests.support.server import EncoderServer, png_data_uri
+from testkit.media import png_data_uri
+from testkit.server import EncoderServer
 
 pytestmark = pytest.mark.integration
 

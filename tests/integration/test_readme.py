@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.server import free_port
+from testkit.server import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,8 @@ import pytest
 from encoder_pod.settings import SGLANG_RELEASES
 from tests.integration.encode_client import encode
 from tests.support.media_host import MediaHost
-from tests.support.server import EncoderServer, png_data_uri
+from testkit.media import png_data_uri
+from testkit.server import EncoderServer
 from tests.support.sglang_harness import SglangBootstrap
 
 pytestmark = pytest.mark.integration

@@ -37,7 +37,8 @@ import pytest
 from encoder_pod.models.base import EncodedPart
 from tests.integration.encode_client import embedding, encode
 from tests.support.media_files import audio_bytes, data_uri, tone, video_bytes
-from tests.support.server import EncoderServer, png_data_uri
+from testkit.media import png_data_uri
+from testkit.server import EncoderServer
 from tests.support.sglang_harness import SglangHarness
 
 pytestmark = pytest.mark.integration

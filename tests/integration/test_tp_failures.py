@@ -16,7 +16,8 @@ import pytest
 
 from tests.integration.encode_client import encode
 from tests.integration.test_dp_failures import Load, _alive, _info, _wait
-from tests.support.server import EncoderServer, png_data_uri
+from testkit.media import png_data_uri
+from testkit.server import EncoderServer
 
 pytestmark = pytest.mark.integration
 

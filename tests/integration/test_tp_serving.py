@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from tests.integration.encode_client import embedding, encode, encode_concurrently
-from tests.support.server import EncoderServer, free_port, png_data_uri
+from testkit.media import png_data_uri
+from testkit.server import EncoderServer, free_port
 
 pytestmark = pytest.mark.integration
 

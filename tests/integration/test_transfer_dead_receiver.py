@@ -11,7 +11,8 @@ import pytest
 
 from encoder_pod.receiver import EmbeddingReceiver
 from tests.integration.encode_client import encode
-from tests.support.server import EncoderServer, free_port, png_data_uri
+from testkit.media import png_data_uri
+from testkit.server import EncoderServer, free_port
 
 pytestmark = pytest.mark.integration
 

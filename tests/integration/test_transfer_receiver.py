@@ -28,7 +28,7 @@ from encoder_pod.settings import TransferBackend, load_settings
 from encoder_pod.transfer.frames import EncoderpoolCodec
 from encoder_pod.transfer.push_sender import PushSender
 from encoder_pod.transfer.zmq_push import ZmqTransfer
-from tests.support.server import free_port
+from testkit.server import free_port
 
 pytestmark = pytest.mark.integration
 

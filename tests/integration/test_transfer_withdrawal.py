@@ -25,7 +25,8 @@ from encoder_pod.settings import TransferBackend, load_settings
 from encoder_pod.transfer.push_sender import PushSender
 from encoder_pod.transfer.zmq_push import ZmqTransfer
 from tests.integration.encode_client import encode
-from tests.support.server import EncoderServer, png_data_uri
+from testkit.media import png_data_uri
+from testkit.server import EncoderServer
 from tests.support.stalling_receiver import StallingReceiver
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,7 @@ import base64
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from tests.support.server import png_data_uri
+from testkit.media import png_data_uri
 
 MAX_HOLD_S = 30.0
 """A held response is released after this long even if the test never releases it."""
