@@ -32,7 +32,8 @@ from typing import Any, Callable
 import httpx
 import numpy as np
 
-from bench.common import RESULTS, checkpoint, machine, percentile, write_json
+from bench.common import RESULTS, checkpoint, machine, write_json
+from testkit.load import run_load
 from testkit.media import jpeg_uri
 
 N_IMAGES = 1000
@@ -95,32 +96,12 @@ def scrape(urls: list[str], name: str) -> float:
 
 async def replay(pick: Callable[[int, str], str], indices: list[int], uris: dict[int, str], concurrency: int) -> dict[str, Any]:
     """Replay the trace in order with ``concurrency`` closed-loop clients; ``pick(n, item)`` is the pod URL."""
-    latencies: list[float] = []
-    errors: list[int] = []
-    cursor = [0]
-    limits = httpx.Limits(max_connections=4 * concurrency, max_keepalive_connections=4 * concurrency)
+    run = time.monotonic_ns()
 
-    async def client(http: httpx.AsyncClient) -> None:
-        while cursor[0] < len(indices):
-            n = cursor[0]
-            cursor[0] += 1
-            item = uris[indices[n]]
-            body = {"req_id": f"cache-bench-{time.monotonic_ns()}-{n}", "modality": "IMAGE", "mm_items": [item]}
-            started = time.perf_counter()
-            resp = await http.post(pick(n, item) + "/encode", json=body)
-            (latencies.append(time.perf_counter() - started) if resp.status_code == 200 else errors.append(resp.status_code))
+    def body(n: int) -> dict[str, Any]:
+        return {"req_id": f"cache-bench-{run}-{n}", "modality": "IMAGE", "mm_items": [uris[indices[n]]]}
 
-    async with httpx.AsyncClient(limits=limits, timeout=600) as http:
-        started = time.perf_counter()
-        await asyncio.gather(*(client(http) for _ in range(concurrency)))
-        wall = time.perf_counter() - started
-    return {
-        "images_per_s": len(latencies) / wall,
-        "p50_ms": percentile(latencies, 50) * 1000,
-        "p99_ms": percentile(latencies, 99) * 1000,
-        "requests": len(latencies),
-        "errors": len(errors),
-    }
+    return await run_load(lambda n: pick(n, uris[indices[n]]), body, concurrency, len(indices))
 
 
 def round_robin(urls: list[str]) -> Callable[[int, str], str]:

@@ -1,16 +1,14 @@
-"""Shared pieces of the benchmarks: checkpoints in the cache, machine facts, latency stats, result files."""
+"""Shared pieces of the benchmarks: checkpoints in the cache, machine facts, result files
+(latency statistics are the load generator's: :mod:`testkit.load`)."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
-import statistics
 import time
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 CACHE = Path(os.environ.get("ENCODERPOOL_CACHE", Path.home() / ".cache" / "encoderpool"))
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -24,22 +22,6 @@ def checkpoint(arch: str, preset: str = "moderate") -> Path:
     if not (out / "config.json").is_file():
         make_tiny_model(arch, out, preset=preset)
     return out
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0-100) of ``values``."""
-    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
-
-
-def summary(latencies: list[float], images: int, wall: float) -> dict[str, float]:
-    """Throughput and latency percentiles in milliseconds."""
-    return {
-        "images_per_s": images / wall,
-        "p50_ms": percentile(latencies, 50) * 1000,
-        "p99_ms": percentile(latencies, 99) * 1000,
-        "mean_ms": statistics.fmean(latencies) * 1000 if latencies else float("nan"),
-        "requests": len(latencies),
-    }
 
 
 def machine() -> dict[str, Any]:

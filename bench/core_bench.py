@@ -44,10 +44,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.common import checkpoint, machine, summary, write_json
-from bench.loadgen import ACCEPT, Answer, image_bodies, run_load
+from bench.common import checkpoint, machine, write_json
 from bench.paired import lockstep, summarize_lockstep
 from bench.peers.rounds import rotated
+from testkit.load import ACCEPT, Answer, image_bodies, run_load, summary
 from testkit.media import jpeg_uri
 
 CONCURRENCY = (1, 4, 16, 64)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS, checkpoint, machine, write_json
-from bench.loadgen import run_load
+from testkit.load import run_load
 from testkit.media import jpeg_uri
 
 CONCURRENCY = (1, 4, 16, 64)

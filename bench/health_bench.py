@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 
-from bench.common import RESULTS, checkpoint, machine, percentile, write_json
-from bench.loadgen import run_load
+from bench.common import RESULTS, checkpoint, machine, write_json
+from testkit.load import percentile, run_load
 from testkit.media import jpeg_uri
 
 PROBE_TIMEOUT_S = 2.0  # SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_TIMEOUT's default

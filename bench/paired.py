@@ -23,8 +23,8 @@ from typing import Any, Awaitable, Callable, Protocol
 import aiohttp
 import orjson
 
-from bench.loadgen import ACCEPT, image_bodies
 from bench.peers.rounds import rotated
+from testkit.load import ACCEPT, image_bodies
 
 Side = tuple[str, str]
 """(server name, mode): a server process asked in one way (json, binary or push)."""

@@ -1,7 +1,7 @@
 """Peer comparison: the encoder pod, infinity-emb, Ray Serve and the in-process ceiling, one run.
 
 Same CLIP tower (the ``clip`` moderate checkpoint of bench.common.checkpoint), same 640x480
-JPEGs, same closed-loop client (bench.loadgen), concurrency 1, 4 and 16, batches of at most 8
+JPEGs, same closed-loop client (testkit.load), concurrency 1, 4 and 16, batches of at most 8
 everywhere. The three servers are up together; each round visits every concurrency level and,
 at each level, every stack in an order that rotates from one level and round to the next, so a
 noisy neighbour on a shared machine hits all stacks alike; the median round is reported with the
@@ -25,9 +25,9 @@ from typing import Any
 
 from bench.common import CACHE, RESULTS, checkpoint, machine, write_json
 from bench.core_bench import ceiling
-from bench.loadgen import run_load
 from bench.peers import reference, stacks, venvs
 from bench.peers.rounds import ratio_table, rotated, summarize
+from testkit.load import run_load
 from testkit.media import jpeg_uri
 
 CONCURRENCY = (1, 4, 16)
@@ -262,7 +262,7 @@ def main() -> None:
                             "max_batch_size": MAX_BATCH, "torch_threads_per_stack": args.threads or "default",
                             "rounds": args.rounds, "seconds_per_point": args.duration,
                             "images": "8 photo-like 640x480 JPEGs (bench.common.jpeg_uri seeds 0-7), one per request",
-                            "client": "bench.loadgen closed loop, httpx, one connection per client"}
+                            "client": "testkit.load closed loop, aiohttp, one kept-alive connection per client"}
     with ExitStack() as stack:
         running, full = start_all(stack, args.stacks, tower, args.device, args.threads, uris, data)
         data["configs"] = {name: run.config for name, run in running.items()}

@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from tests.integration.encode_client import encode
-from tests.support.load import Answer, ClosedLoop
 from tests.support.media_host import MediaHost
+from testkit.load import ClosedLoop, Outcome, refused_or_unreachable
 from testkit.media import png_data_uri
 from testkit.server import EncoderServer
 
@@ -70,11 +70,11 @@ def test_sigterm_under_load_loses_no_request_and_exits_0(tiny_model, args):
     env = {"ENCODER_DRAIN_TIMEOUT": str(drain_timeout)}
     images = [png_data_uri(224, 224, seed=i) for i in range(4)]  # ~1 s of work in flight at 16 clients
 
-    def body_of(client: int, n: int) -> dict[str, Any]:
-        return {"req_id": f"load-{client}-{n}", "modality": "IMAGE", "mm_items": images}
+    def body_of(n: int) -> dict[str, Any]:
+        return {"req_id": f"load-{n}", "modality": "IMAGE", "mm_items": images}
 
     server = EncoderServer(tiny_model("clip", preset="moderate"), env=env, args=args).start()
-    load = ClosedLoop(server.base_url, 16, body_of)
+    load = ClosedLoop(server.base_url, 16, body_of, stop_after=refused_or_unreachable).start()
     try:
         load.wait_ok(32, 180)
         sigterm = time.monotonic()
@@ -84,7 +84,7 @@ def test_sigterm_under_load_loses_no_request_and_exits_0(tiny_model, args):
             assert time.monotonic() - sigterm < 5, "/health never turned 503 after SIGTERM"
         health_503_ms = (time.monotonic() - sigterm) * 1000
         _assert_refused_as_draining(*probe)
-        _assert_refused_as_draining(*_fresh(server.port, "POST", "/encode", json.dumps(body_of(99, 0)).encode()))
+        _assert_refused_as_draining(*_fresh(server.port, "POST", "/encode", json.dumps(body_of(10**6)).encode()))
         assert _fresh(server.port, "GET", "/livez")[0] == 200  # liveness is the event loop, draining or not
         # The clients go on: each sends until it is refused (then it would retry on another pod).
         code = server.proc.wait(drain_timeout + 60)
@@ -96,7 +96,7 @@ def test_sigterm_under_load_loses_no_request_and_exits_0(tiny_model, args):
     served = [a for a in answers if a.status == 200]
     in_flight = [a for a in served if a.sent < sigterm < a.done]
     refused = [a for a in answers if a.draining_refusal and a.sent >= sigterm - BOUNDARY_S]
-    lost: list[Answer] = [a for a in answers if a.status != 200 and a not in refused]
+    lost: list[Outcome] = [a for a in answers if a.status != 200 and a not in refused]
     print(
         f"\ndrain under load ({' '.join(args) or 'single process'}, 16 clients): {len(answers)} requests, "
         f"{len(served)} answered 200 ({len(in_flight)} in flight at SIGTERM), {len(refused)} refused 503 + "

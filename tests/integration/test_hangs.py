@@ -18,7 +18,7 @@ import pytest
 from encoder_pod.readiness import STALE_HEARTBEAT_S
 from encoder_pod.settings import ParallelSettings
 from tests.support.health_poller import Poller
-from tests.support.load import ClosedLoop, one_image_body
+from testkit.load import ClosedLoop, image_bodies, refused_or_unreachable
 from testkit.media import png_data_uri
 from testkit.server import EncoderServer
 
@@ -62,7 +62,8 @@ CASES = [
 def test_sigstop_is_503_at_once_killed_within_the_bound_and_the_other_group_serves(tiny_model, which, arch, args, reason):
     env = {"ENCODER_DP_RESTART_BACKOFF": "0.5"}  # every detection bound at its default
     with EncoderServer(tiny_model(arch), env=env, args=args) as server:
-        load = ClosedLoop(server.base_url, 4, one_image_body(png_data_uri(64, 64)), timeout=60)
+        load = ClosedLoop(server.base_url, 4, image_bodies([png_data_uri(64, 64)]), timeout=60,
+                          stop_after=refused_or_unreachable).start()
         victim = 0
         try:
             load.wait_ok(8, 120)

@@ -20,7 +20,7 @@ from PIL import Image
 from encoder_pod.readiness import HEALTH_SKIP_S
 from tests.integration.encode_client import encode
 from tests.support.health_poller import Poller
-from tests.support.load import ClosedLoop, one_image_body
+from testkit.load import ClosedLoop, image_bodies, refused_or_unreachable
 from testkit.media import png_data_uri
 from testkit.server import EncoderServer
 
@@ -97,7 +97,7 @@ def test_health_answers_at_once_while_long_batches_run_and_the_probe_jumps_the_q
 def test_health_stays_under_2s_at_concurrency_64(tiny_model, args):
     image = png_data_uri(640, 480, seed=1, fmt="JPEG")
     with EncoderServer(tiny_model("clip", preset="moderate"), env={"ENCODER_MAX_BATCH_SIZE": "8"}, args=args) as server:
-        load = ClosedLoop(server.base_url, 64, one_image_body(image))
+        load = ClosedLoop(server.base_url, 64, image_bodies([image]), stop_after=refused_or_unreachable).start()
         try:
             load.wait_ok(64, 120)
             poller = Poller(server.base_url + "/health", interval=0.1)
