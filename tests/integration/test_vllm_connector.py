@@ -17,7 +17,7 @@ import torch
 from encoder_pod.transfer.tensors import tensor_bytes
 from encoder_pod.vllm_epd.storage import EcStore
 from tests.integration.test_vllm_epd import Request, consumer_load
-from tests.support.server import free_port
+from testkit.server import free_port
 from tests.support.vllm_harness import vllm_release
 
 pytestmark = pytest.mark.integration

@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from tests.integration.family_cases import CASES, Check, full_model
-from tests.support.server import EncoderServer
+from testkit.server import EncoderServer
 from tests.support.vllm_harness import vllm_release
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
