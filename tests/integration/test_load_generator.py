@@ -83,6 +83,17 @@ def test_run_load_sends_exactly_total_requests_with_unique_ids_and_summarises_th
     assert result["images_per_s"] > 0 and 0 < result["p50_ms"] <= result["p99_ms"]
 
 
+def test_a_target_per_request_is_asked_with_the_request_number(pod: str) -> None:
+    asked: list[int] = []
+
+    def target(n: int) -> str:
+        asked.append(n)
+        return pod
+
+    result = asyncio.run(run_load(target, image_bodies(["x"], "c"), 3, 12))
+    assert result["requests"] == 12 and sorted(asked) == list(range(12))
+
+
 def test_errors_are_counted_and_their_message_kept(pod: str) -> None:
     loop = ClosedLoop(pod, 2, image_bodies(["x"]), path="/bad", total=6)
     outcomes = asyncio.run(loop.run())
