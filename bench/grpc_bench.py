@@ -31,10 +31,11 @@ import zmq
 from smg_grpc_proto import sglang_encoder_pb2 as pb
 from smg_grpc_proto import sglang_encoder_pb2_grpc as pb_grpc
 
-from bench.common import RESULTS, checkpoint, jpeg_uri, machine, summary, write_json
-from bench.loadgen import image_bodies, run_load
+from bench.common import RESULTS, checkpoint, machine, write_json
 from bench.peers.rounds import rotated
-from tests.support.server import EncoderServer, free_port
+from testkit.load import image_bodies, run_load, summary
+from testkit.media import jpeg_uri
+from testkit.server import EncoderServer, free_port
 
 SIDES = ("http", "grpc")
 CONCURRENCY = (1, 16)

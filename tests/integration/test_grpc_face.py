@@ -35,7 +35,8 @@ from tests.integration.encode_client import embedding, encode
 from tests.integration.test_transfer_mooncake import Rank
 from tests.support.grpc_client import MiB, GrpcClient, failure
 from tests.support.media_host import MediaHost
-from tests.support.server import EncoderServer, free_port, png_data_uri
+from testkit.media import png_data_uri
+from testkit.server import EncoderServer, free_port
 from tests.support.sglang_harness import SglangHarness
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]  # a fixture starts two or three pods

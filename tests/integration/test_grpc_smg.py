@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from tests.integration.test_grpc_face import GrpcPod
-from tests.support.server import free_port
+from testkit.server import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

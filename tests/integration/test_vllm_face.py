@@ -24,7 +24,8 @@ from tests.integration.encode_client import embedding, encode
 from tests.integration.test_vllm_hash import vllm_identifiers
 from tests.support.image_corpus import image_corpus
 from tests.support.media_files import audio_bytes, data_uri, tone
-from tests.support.server import EncoderServer, png_data_uri
+from testkit.media import png_data_uri
+from testkit.server import EncoderServer
 from tests.support.vllm_harness import vllm_release
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import yaml
 
-from tests.support.server import free_port
+from testkit.server import free_port
 
 INSTALL_HINT = "Prometheus is not installed: run `bash hack/prometheus.sh` (Debian's prometheus package, 2.42, with promtool)"
 
