@@ -87,7 +87,7 @@ e2e: venv control-plane
 	$(VENV)/bin/pytest -m e2e $(PYTEST_ARGS)
 
 cluster: venv control-plane
-	$(PY) -m tests.e2e.cluster
+	$(PY) -m testkit.cluster
 
 bench: model
 	$(PY) bench/run_all.py

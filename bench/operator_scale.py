@@ -33,9 +33,12 @@ from bench.common import RESULTS, write_json
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.e2e.cluster import Cluster, ClusterOptions, FakeGpuNode  # noqa: E402
-from tests.e2e.cluster.api import path_for, wait_for  # noqa: E402
-from tests.e2e.chart import CRD_NAME, crd_established, free_port  # noqa: E402
+from testkit.cluster import Cluster, ClusterOptions, FakeGpuNode  # noqa: E402
+from testkit.cluster.api import path_for, wait_for  # noqa: E402
+from testkit.cluster.objects import crd_established  # noqa: E402
+from testkit.server import free_port  # noqa: E402
+
+CRD_NAME = "encoderpools.encoderpool.io"
 
 POOLS = int(os.environ.get("ENCODERPOOL_BENCH_POOLS", "100"))
 RESYNC_SECONDS = 10.0

@@ -5,7 +5,7 @@
 #
 # Everything lands OUTSIDE the repo, keyed by version, so warm runs take seconds:
 #   $ENCODERPOOL_CACHE/bin/<component>-<version>/<component>   the binaries
-#   $ENCODERPOOL_CACHE/bin/control-plane.env                    their paths (read by tests/e2e/cluster)
+#   $ENCODERPOOL_CACHE/bin/control-plane.env                    their paths (read by testkit/cluster)
 #   $ENCODERPOOL_CACHE/go/{mod,build}                           Go module and build caches
 #   $ENCODERPOOL_CACHE/src/<component>-<version>/go.mod         generated wrapper modules
 #
@@ -179,7 +179,7 @@ build_helm() {
 
 write_env_file() {
     {
-        echo "# Written by hack/build-control-plane.sh; read by tests/e2e/cluster."
+        echo "# Written by hack/build-control-plane.sh; read by testkit/cluster."
         echo "K8S_VERSION=$K8S_VERSION"
         echo "ETCD_VERSION=$ETCD_VERSION"
         echo "KWOK_VERSION=$KWOK_VERSION"

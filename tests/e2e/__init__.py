@@ -1,1 +1,1 @@
-"""End-to-end tier: a real Kubernetes control plane built locally (see tests/e2e/cluster)."""
+"""End-to-end tier: a real Kubernetes control plane built locally (see testkit/cluster)."""

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from tests.e2e.cluster.api import MERGE, path_for, wait_for
+from testkit.cluster.api import MERGE, path_for, wait_for
+from testkit.cluster.objects import crd_established
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "encoderpool-operator"
@@ -62,19 +63,13 @@ class ChartInstall:
 
 
 class Cluster(Protocol):
-    """What this module needs of tests.e2e.cluster.Cluster or ExternalCluster."""
+    """What this module needs of testkit.cluster.Cluster or ExternalCluster."""
 
     def api(self) -> Any: ...
     def kubectl(self, *args: str, **kwargs: Any) -> Any: ...
     def helm(self, *args: str, **kwargs: Any) -> Any: ...
     def kubeconfig_for_token(self, token: str, name: str) -> Path: ...
     def log_path(self, component: str) -> Path: ...
-
-
-def crd_established(crd: dict[str, Any] | None) -> bool:
-    """True once the API server serves the CRD (Established and NamesAccepted)."""
-    conditions = {c["type"]: c["status"] for c in ((crd or {}).get("status") or {}).get("conditions") or []}
-    return conditions.get("Established") == "True" and conditions.get("NamesAccepted") == "True"
 
 
 def install_chart(cluster: Cluster, release: str = RELEASE, namespace: str = NAMESPACE) -> ChartInstall:

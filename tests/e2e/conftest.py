@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.cluster import Cluster, ClusterOptions, MissingBinaries, load_binaries
-from tests.e2e.cluster.api import path_for
-from tests.e2e.cluster.procs import pid_alive
+from testkit.cluster import Cluster, ClusterOptions, MissingBinaries, load_binaries
+from testkit.cluster.api import path_for
+from testkit.cluster.procs import pid_alive
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from tests.e2e.cluster.api import ApiClient, path_for, wait_for
-from tests.e2e.cluster.objects import is_true
+from testkit.cluster.api import ApiClient, path_for, wait_for
+from testkit.cluster.objects import is_true
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

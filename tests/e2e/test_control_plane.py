@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cluster import GPU_RESOURCE, Cluster
-from tests.e2e.cluster.api import ApiError, path_for
-from tests.e2e.cluster.objects import condition, pod_ready, wait_for_pod
+from testkit.cluster import GPU_RESOURCE, Cluster
+from testkit.cluster.api import ApiError, path_for
+from testkit.cluster.objects import condition, pod_ready, wait_for_pod
 
 pytestmark = pytest.mark.e2e
 

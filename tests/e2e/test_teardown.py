@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.cluster import Cluster, ClusterOptions, load_binaries
-from tests.e2e.cluster.procs import pid_alive
+from testkit.cluster import Cluster, ClusterOptions, load_binaries
+from testkit.cluster.procs import pid_alive
 
 pytestmark = pytest.mark.e2e
 
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Runs in a child interpreter: a cluster, then print the PIDs and wait to be killed.
 _CHILD = textwrap.dedent("""
     import json, time
-    from tests.e2e.cluster import Cluster, ClusterOptions
+    from testkit.cluster import Cluster, ClusterOptions
     cluster = Cluster(options=ClusterOptions(fake_gpu_nodes=())).start()
     print(json.dumps({"pids": cluster.pids(), "workdir": str(cluster.workdir)}), flush=True)
     time.sleep(600)
@@ -73,10 +73,10 @@ def test_sigkilled_test_runner_leaves_no_process_behind() -> None:
 
 
 def test_interrupted_make_cluster_stops_cleanly() -> None:
-    """``python -m tests.e2e.cluster`` (make cluster): SIGINT (Ctrl-C) stops everything in order,
+    """``python -m testkit.cluster`` (make cluster): SIGINT (Ctrl-C) stops everything in order,
     even when it was started with SIGINT ignored (as a background job of a script is)."""
     load_binaries()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.e2e.cluster"],
+    proc = subprocess.Popen([sys.executable, "-m", "testkit.cluster"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     lines = []

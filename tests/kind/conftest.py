@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.cluster.external import KUBECONFIG_ENV, ExternalCluster
+from testkit.cluster.external import KUBECONFIG_ENV, ExternalCluster
 from tests.e2e.chart import ChartInstall, InClusterOperator, install_chart, service_account_kubeconfig
 from tests.e2e.pools import Pools, pool_namespace
 from tests.kind.fake_nodes import FakeGpuNodes

@@ -19,11 +19,11 @@ import tempfile
 from pathlib import Path
 from types import TracebackType
 
-from tests.e2e.cluster import FakeGpuNode, fake_gpu_node_manifest, load_binaries, node_ready
-from tests.e2e.cluster.api import path_for, wait_for
-from tests.e2e.cluster.components import KWOK_NODE_ANNOTATION
-from tests.e2e.cluster.external import ExternalCluster
-from tests.e2e.cluster.procs import ManagedProcess, Reaper
+from testkit.cluster import FakeGpuNode, fake_gpu_node_manifest, load_binaries, node_ready
+from testkit.cluster.api import path_for, wait_for
+from testkit.cluster.components import KWOK_NODE_ANNOTATION
+from testkit.cluster.external import ExternalCluster
+from testkit.cluster.procs import ManagedProcess, Reaper
 
 NODES = (FakeGpuNode(name="kwok-gpu-0"), FakeGpuNode(name="kwok-gpu-1"))
 KWOK_POD_CIDR = "10.250.0.1/16"  # kind's pods are in 10.244.0.0/16

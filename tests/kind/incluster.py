@@ -14,8 +14,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.cluster.api import path_for, wait_for
-from tests.e2e.cluster.objects import pod_ready, wait_for_pod
+from testkit.cluster.api import path_for, wait_for
+from testkit.cluster.objects import pod_ready, wait_for_pod
 from tests.e2e.pools import Pools
 from tests.kind.images import ENCODER_CPU_IMAGE
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cluster.api import path_for, wait_for
-from tests.e2e.cluster.objects import is_true, pod_ready, wait_for_pod
+from testkit.cluster.api import path_for, wait_for
+from testkit.cluster.objects import is_true, pod_ready, wait_for_pod
 from tests.e2e.pools import Pools, load_example, pool_ready
 from tests.kind.incluster import MOUNT, READY_SECONDS as POD_SECONDS, ClientPod, script_pod
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cluster.api import ApiError, path_for, wait_for
-from tests.e2e.cluster.objects import condition, pod_ready
+from testkit.cluster.api import ApiError, path_for, wait_for
+from testkit.cluster.objects import condition, pod_ready
 from tests.e2e.pools import EXAMPLES, Pools, load_example, pool_namespace, pool_ready
 from tests.kind.images import ENCODER_CPU_IMAGE
 from tests.kind.incluster import ClientPod, scripts_configmap

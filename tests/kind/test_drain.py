@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cluster.api import wait_for
+from testkit.cluster.api import wait_for
 from tests.e2e.pools import Pools, load_example, pool_ready
 from tests.kind.incluster import LoadPod
 from tests.kind.volumes import tiny_checkpoints

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.e2e.cluster.api import wait_for
+from testkit.cluster.api import wait_for
 from tests.e2e.pools import EXAMPLES, Pools, load_example, pool_ready
 
 pytestmark = [pytest.mark.kind, pytest.mark.usefixtures("gpu_nodes")]

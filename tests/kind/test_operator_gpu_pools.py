@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cluster import Cluster
-from tests.e2e.cluster.objects import condition, pod_ready
+from testkit.cluster import Cluster
+from testkit.cluster.objects import condition, pod_ready
 from tests.e2e.pools import EXAMPLES, GPU_RESOURCE, Pools, load_example, owner_uids, pool_ready, pool_reason
 
 pytestmark = [pytest.mark.kind, pytest.mark.usefixtures("gpu_nodes")]

@@ -8,9 +8,10 @@ import json
 import httpx
 import pytest
 
-from tests.e2e.cluster import Cluster
-from tests.e2e.cluster.api import path_for
-from tests.e2e.chart import CRD_NAME, ChartInstall, Operator, crd_established
+from testkit.cluster import Cluster
+from testkit.cluster.api import path_for
+from testkit.cluster.objects import crd_established
+from tests.e2e.chart import CRD_NAME, ChartInstall, Operator
 
 pytestmark = pytest.mark.kind
 

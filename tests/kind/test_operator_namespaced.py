@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.cluster import Cluster
-from tests.e2e.cluster.api import path_for
+from testkit.cluster import Cluster
+from testkit.cluster.api import path_for
 from tests.e2e.chart import CHART, VALUES, ChartInstall, InClusterOperator, service_account_kubeconfig
 from tests.e2e.pools import Pools, load_example, pool_namespace, pool_ready
 

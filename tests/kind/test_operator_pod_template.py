@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.cluster.api import path_for
-from tests.e2e.cluster.objects import condition
+from testkit.cluster.api import path_for
+from testkit.cluster.objects import condition
 from tests.e2e.pools import EXAMPLES, Pools, load_example, pool_ready, pool_reason
 
 pytestmark = [pytest.mark.kind, pytest.mark.usefixtures("gpu_nodes")]

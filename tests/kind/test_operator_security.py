@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.cluster import Cluster
-from tests.e2e.cluster.api import ApiError, path_for
-from tests.e2e.cluster.objects import pod_ready
+from testkit.cluster import Cluster
+from testkit.cluster.api import ApiError, path_for
+from testkit.cluster.objects import pod_ready
 from tests.e2e.chart import Operator
 from tests.e2e.pools import EXAMPLES, load_example, pool_namespace, pool_ready
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cluster import Cluster
-from tests.e2e.cluster.api import path_for
+from testkit.cluster import Cluster
+from testkit.cluster.api import path_for
 from tests.e2e.chart import CHART, ENV_PREFIX, ChartInstall, InClusterOperator, install_chart
 from tests.e2e.pools import Pools, load_example, pool_ready
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cluster.objects import condition
+from testkit.cluster.objects import condition
 from tests.e2e.pools import Pools, load_example, pool_ready
 from tests.kind.images import ENCODER_CPU_IMAGE
 from tests.kind.incluster import ClientPod, restricted_security

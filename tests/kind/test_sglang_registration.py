@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from tests.e2e.cluster.api import path_for, wait_for
-from tests.e2e.cluster.objects import pod_ready, wait_for_pod
+from testkit.cluster.api import path_for, wait_for
+from testkit.cluster.objects import pod_ready, wait_for_pod
 from tests.e2e.pools import Pools, load_example, pool_ready
 from tests.kind.incluster import ClientPod, READY_SECONDS as POD_SECONDS, MOUNT, script_pod
 

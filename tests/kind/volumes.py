@@ -7,7 +7,7 @@ runs as root to write there and leaves everything world-readable for the encoder
 
 from __future__ import annotations
 
-from tests.e2e.cluster.api import path_for, wait_for
+from testkit.cluster.api import path_for, wait_for
 from tests.e2e.pools import Pools
 from tests.kind.images import ENCODER_CPU_IMAGE
 from tests.kind.incluster import MOUNT, SCRIPTS_CONFIGMAP, scripts_configmap

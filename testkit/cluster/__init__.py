@@ -1,11 +1,12 @@
-"""A real Kubernetes control plane for the e2e tier, run as local processes (no Docker, no kind).
+"""A real Kubernetes control plane run as local processes (no Docker, no kind), for the e2e tier,
+the kind tier's fake GPU nodes and the operator benchmark.
 
 Binaries come from hack/build-control-plane.sh (cached outside the repo). ``Cluster`` starts etcd,
 kube-apiserver (RBAC, PodSecurity and ServiceAccount admission on), kube-controller-manager,
 kube-scheduler and kwok on free loopback ports, registers two kwok-managed 8-GPU nodes, and tears
 all of it down again. Real pods run on kind (tests/kind); this cluster has no kubelet.
 
-``python -m tests.e2e.cluster`` (``make cluster``) starts one for people.
+``python -m testkit.cluster`` (``make cluster``) starts one for people.
 """
 
 from .binaries import BUILD_COMMAND, Binaries, MissingBinaries, load_binaries

@@ -1,4 +1,4 @@
-"""Small readers and waits over API objects, shared by the e2e tests."""
+"""Small readers and waits over API objects, for the e2e and kind tests and the operator benchmark."""
 
 from __future__ import annotations
 
@@ -48,3 +48,9 @@ def wait_for_pod(api: ApiClient, namespace: str, name: str, predicate: Callable[
 def wait_gone(api: ApiClient, path: str, timeout: float) -> None:
     """Wait until GET ``path`` answers 404."""
     wait_for(lambda: api.get_or_none(path) is None, timeout, f"{path} to be deleted")
+
+
+def crd_established(crd: dict[str, Any] | None) -> bool:
+    """True once the API server serves the CRD (Established and NamesAccepted)."""
+    conditions = {c["type"]: c["status"] for c in ((crd or {}).get("status") or {}).get("conditions") or []}
+    return conditions.get("Established") == "True" and conditions.get("NamesAccepted") == "True"

@@ -1,4 +1,4 @@
-"""``python -m tests.e2e.cluster``: start a local cluster, print how to use it, stop on Ctrl-C.
+"""``python -m testkit.cluster``: start a local cluster, print how to use it, stop on Ctrl-C.
 
 SIGTERM and SIGHUP are turned into the same orderly stop as Ctrl-C (the reaper would clean up
 anyway, but an orderly stop also removes the temp dir). Ctrl-C works even when this was started
@@ -25,7 +25,7 @@ def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
-    parser = argparse.ArgumentParser(prog="python -m tests.e2e.cluster", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m testkit.cluster", description=__doc__)
     parser.add_argument("--keep", action="store_true", help="keep logs and etcd data after stopping")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
