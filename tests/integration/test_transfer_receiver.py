@@ -100,22 +100,28 @@ def test_sync_receiver_survives_malformed_frames():
 
 
 def test_async_receiver_survives_malformed_frames_and_expires_requests():
+    # Every wait is in place before the first frame goes out: with expire_after=0.5 an outcome nobody
+    # has claimed yet is dropped after half a second, and on a loaded machine "fine" can take longer
+    # than that to come back, so waiting for the requests one after another would race the expiry.
+    async def expect(rx, req_id, error, match=None):
+        with pytest.raises(error, match=match):
+            await rx.wait(req_id, timeout=10)
+
     async def main():
         async with AsyncEmbeddingReceiver(expire_after=0.5) as rx:
             pusher = Pusher(rx.port)
             try:
+                fine = asyncio.ensure_future(rx.wait("fine", timeout=10))
+                failures = [asyncio.ensure_future(expect(rx, req_id, error)) for req_id, _, error in malformed() if req_id is not None]
+                failures.append(asyncio.ensure_future(expect(rx, "half", RequestExpired, match="1 of 2 parts")))
+                await asyncio.sleep(0)  # each wait registers its waiter before anything is sent
                 for _, frames, _ in malformed():
                     pusher.send(frames)
                 half = EncoderpoolCodec().part_frames(request("half_local_part_0", 1, 2, 0), EncodedPart(torch.ones(1, 2), [1], [[]]))
                 pusher.send([bytes(f) for f in half])
                 pusher.send(good("fine"))
-                assert (await rx.wait("fine", timeout=10)).embedding().shape == (3, 4)
-                for req_id, _, error in malformed():
-                    if req_id is not None:
-                        with pytest.raises(error):
-                            await rx.wait(req_id, timeout=5)
-                with pytest.raises(RequestExpired, match="1 of 2 parts"):
-                    await rx.wait("half", timeout=5)
+                assert (await fine).embedding().shape == (3, 4)
+                await asyncio.gather(*failures)
                 assert rx.rejected >= 3
             finally:
                 pusher.close()

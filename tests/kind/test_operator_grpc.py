@@ -1,9 +1,10 @@
-"""spec.grpc on a real kube-apiserver: examples/encoderpool-grpc.yaml applied as it is.
+"""spec.grpc on the kind cluster, the operator installed by the chart: examples/encoderpool-grpc.yaml
+applied as it is.
 
 The pool's pods carry ENCODER_GRPC_PORT, a container port named grpc and the kubelet's native
 gRPC probes (grpc.health.v1: service "" for startup and readiness, encoderpool.liveness for
 liveness), accepted by the API server's own pod validation; the headless Service names the port.
-On this tier the pods are kwok's (the probes are not run): the probe itself, the
+The pool lands on kwok's fake GPU nodes (the probes are not run there): the probe itself, the
 grpc.health.v1/Check the kubelet sends, is exercised against a real pod on loopback in
 tests/integration/test_grpc_face.py.
 """
@@ -14,7 +15,7 @@ import pytest
 
 from tests.e2e.pools import EXAMPLES, Pools, load_example, pool_ready
 
-pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("gpu_nodes")]
+pytestmark = [pytest.mark.kind, pytest.mark.usefixtures("gpu_nodes")]
 
 EXAMPLE = "encoderpool-grpc.yaml"
 NAME = load_example(EXAMPLE)["metadata"]["name"]
