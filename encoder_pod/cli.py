@@ -2,7 +2,9 @@
 
 The one place where errors become exit codes (:class:`~encoder_pod.exitcodes.ExitCode`): a bad
 setting is ``BAD_SETTINGS`` (2), a model path without a checkpoint (or a hub id that cannot be
-resolved) ``MODEL_LOAD_FAILED`` (3).
+resolved) ``MODEL_LOAD_FAILED`` (3), and so is a checkpoint no path of this pod can serve (an unknown
+architecture, remote code only, a processor that needs torchvision): refused before the server
+starts, never left up unready.
 """
 
 from __future__ import annotations
@@ -89,13 +91,25 @@ def _resolved(settings: EncoderSettings) -> EncoderSettings:
     return settings.model_copy(update={"model": model})
 
 
+def _refuse_unservable(settings: EncoderSettings) -> None:
+    """Raise :class:`~encoder_pod.models.servable.CheckpointRefused` when no path of this pod serves the model."""
+    from encoder_pod.models.servable import refusal
+
+    refused = refusal(Path(settings.model.model_path), default_registry())
+    if refused is not None:
+        raise refused
+
+
 def _serve(args: argparse.Namespace) -> int:
+    from encoder_pod.models.servable import CheckpointRefused
+
     try:
         settings = _resolved(load_settings(cli=vars(args)))
+        _refuse_unservable(settings)  # at once: not after a background load that leaves the pod unready
         from encoder_pod.server import serve
 
         serve(settings)  # builds the engine first: a model the settings cannot serve is refused there
-    except ModelPathError as exc:
+    except (ModelPathError, CheckpointRefused) as exc:
         print(f"encoder-pod: model load failed: {exc}", file=sys.stderr)
         return ExitCode.MODEL_LOAD_FAILED
     except SettingsError as exc:

@@ -1,0 +1,90 @@
+"""A checkpoint the pod cannot serve stops ``encoder-pod serve`` at once, visibly to Kubernetes.
+
+Each case is a real ``encoder-pod serve`` subprocess on a checkpoint directory as a user would have
+it (config.json and processor files); it must exit with code 3 (what a missing model path exits
+with) and say the model type and the reason on its last line, before it ever listens. The operator's
+own pod-status function then reads that exit and the log tail the kubelet quotes
+(terminationMessagePolicy FallbackToLogsOnError keeps the last 2 KiB) as ``ModelLoadFailed``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from encoder_pod.exitcodes import ExitCode
+from encoderpool_operator import names, podstate
+from testkit.server import free_port
+
+pytestmark = pytest.mark.integration
+
+KUBELET_TAIL_BYTES = 2048
+"""What FallbackToLogsOnError quotes of a failed container's log: its last 2 KiB (or 80 lines)."""
+
+CASES = {
+    "unknown architecture": (
+        {"model_type": "frobnicator_vl", "architectures": ["FrobnicatorForConditionalGeneration"]},
+        {},
+        "does not know this model type",
+    ),
+    "remote code only": (
+        {"model_type": "acme_vl", "architectures": ["AcmeVLForCausalLM"],
+         "auto_map": {"AutoConfig": "configuration_acme.AcmeConfig", "AutoModelForCausalLM": "modeling_acme.AcmeVL"}},
+        {},
+        "remote code",
+    ),
+    "processor needs torchvision": (
+        {"model_type": "llama4", "architectures": ["Llama4ForConditionalGeneration"]},
+        {"image_processor_type": "Llama4ImageProcessor"},
+        "Llama4ImageProcessor needs torchvision",
+    ),
+    "no feature methods": (
+        {"model_type": "bert", "architectures": ["BertModel"]},
+        {},
+        "get_image_features",
+    ),
+}
+
+
+def serve_until_exit(model_dir: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "encoder_pod.cli", "serve", "--model-path", str(model_dir),
+           "--host", "127.0.0.1", "--port", str(free_port())]
+    # Generous: a loaded machine imports transformers slowly. A server that stays up would hit it.
+    return subprocess.run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_unservable_checkpoint_exits_3_naming_model_type_and_reason(case: str, tmp_path: Path) -> None:
+    config, processor, reason = CASES[case]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    if processor:
+        (tmp_path / "preprocessor_config.json").write_text(json.dumps(processor))
+
+    done = serve_until_exit(tmp_path)
+
+    assert done.returncode == ExitCode.MODEL_LOAD_FAILED == podstate.MODEL_LOAD_EXIT_CODE, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert f"model_type {config['model_type']!r}" in last and reason in last, done.stderr
+    assert "Traceback" not in done.stderr and "Uvicorn running" not in done.stderr
+
+    # What the operator makes of it: the kubelet's termination state of the encoder container.
+    tail = (done.stdout + done.stderr).encode()[-KUBELET_TAIL_BYTES:].decode(errors="replace")
+    pod = {
+        "metadata": {"name": "enc-0"},
+        "status": {"containerStatuses": [{
+            "name": names.CONTAINER_NAME, "ready": False, "started": False, "restartCount": 1,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": done.returncode, "reason": "Error", "message": tail}},
+        }]},
+    }
+    found = podstate.diagnose(pod, datetime.now(timezone.utc), probe_failing_after=120.0)
+    assert found is not None, tail
+    problem, detail = found
+    assert problem == podstate.MODEL_LOAD_FAILED, detail
+    assert config["model_type"] in detail and reason in detail, detail
