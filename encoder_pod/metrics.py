@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from encoder_pod.errors import HTTP_STATUS
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 180)
 _SIZE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
 _TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144)
@@ -40,6 +42,13 @@ class EdgeMetrics:
         )
         if max_queue is not None:
             self.max_queue.set(max_queue)
+        # Every answer code and error kind is exported at 0 from the start, so rate() and increase()
+        # count the first 504 or 499 of a pod too (a series born at its first increment shows none).
+        # 499/client_gone is the API layer's code for a caller that went away (api.disconnects).
+        for code, kind in [(status, kind.value) for kind, status in HTTP_STATUS.items()] + [(499, "client_gone")]:
+            self.requests.labels(code=str(code))
+            self.errors.labels(code=str(code), kind=kind)
+        self.requests.labels(code="200")
 
 
 class GrpcMetrics:

@@ -39,6 +39,7 @@ class Prometheus:
         self._binary = path
         self._own_dir = workdir is None
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="prometheus-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.config = self.dir / "prometheus.yml"
