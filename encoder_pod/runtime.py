@@ -131,10 +131,11 @@ class EncoderRuntime:
         log.info("encoder ready (%s) in %.1fs", adapter.name, time.perf_counter() - started)
 
     def begin_drain(self) -> None:
-        """SIGTERM: readiness turns 503 (``draining``); everything admitted keeps going. Idempotent.
+        """The pod (``encoder_pod.drain``) or this data-parallel worker drains: readiness turns 503
+        (``draining``); everything admitted keeps going. Idempotent.
 
-        New work is refused where it arrives (the HTTP edge, or the data-parallel front that
-        stops routing here), so a request that arrived before the drain is never refused here.
+        New work is refused where it arrives (the faces, or the data-parallel front that stops
+        routing here), so a request that arrived before the drain is never refused here.
         """
         if self.state in (ReplicaState.DRAINING, ReplicaState.STOPPING):
             return
@@ -142,7 +143,8 @@ class EncoderRuntime:
         log.info("draining: %d admitted requests finish", self._admission.in_flight)
 
     async def wait_idle(self, timeout: float) -> bool:
-        """Wait until every admitted request was answered (or ``timeout`` passed); True when idle."""
+        """Wait until every admitted request was answered (or ``timeout`` passed); True when idle.
+        A data-parallel worker's own drain (its front is the edge, and its admission what it holds)."""
         return await self._admission.wait_idle(timeout)
 
     async def shutdown(self, grace: float = 10.0) -> None:

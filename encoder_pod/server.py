@@ -1,33 +1,36 @@
 """Running the encoder pod: build the engine for the settings, serve it with uvicorn, drain on SIGTERM.
 
-SIGTERM (or SIGINT) starts a drain BEFORE uvicorn's own shutdown, which would close the
-listening socket at once: readiness turns 503, the drain hooks run (unregistering from SGLang
-bootstrap servers), new requests get 503 + ``Retry-After``, and the listener keeps accepting and
-answering while everything admitted finishes and is delivered (and :data:`LINGER_S` more).
-Then uvicorn shuts down as usual
-(listener closed, idle connections closed, responses still being written finish), the engine
-stops and the process exits 0. At ``ENCODER_DRAIN_TIMEOUT`` whatever is left is answered 503; a
-second signal ends the drain at once the same way.
+SIGTERM (or SIGINT) hands over to the pod's drain (:class:`encoder_pod.drain.Drain`, which owns
+every step) BEFORE uvicorn's own shutdown, which would close the listening socket at once and
+with it every connection the kernel had queued. Here are only the parts of the drain that touch
+uvicorn: the signal handlers, and the listener and connections closed as the drain says
+(:class:`_Server` is its :class:`~encoder_pod.drain.Listener`). When the drain is over, uvicorn
+shuts down as usual (nothing is left for it to close), the engine stops and the process exits 0.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
-import math
+import select
 import signal
+import socket
+import struct
+import sys
 import threading
 import time
 from types import FrameType
-from typing import Any, Awaitable, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import uvicorn
 
 from encoder_pod.api.connections import HttpLimits, limited_protocol
 from encoder_pod.api.engine import Engine
 from encoder_pod.api.http_server import create_app
-from encoder_pod.api.lifecycle import Lifecycle
+from encoder_pod.api.lifecycle import Lifecycle, check_ready
+from encoder_pod.drain import Drain, DrainHook
 from encoder_pod.discovery.registrar import Registrar, advertised_url
 from encoder_pod.errors import EncoderError
 from encoder_pod.settings import EncoderSettings
@@ -35,17 +38,17 @@ from encoder_pod.transfer.mooncake_engine import local_ip
 
 log = logging.getLogger(__name__)
 
-DrainHook = Callable[[], Awaitable[Any] | None]
-"""Called once when a drain starts (e.g. unregistering from SGLang bootstrap servers); may return an awaitable."""
-
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-HOOK_WAIT_S = 5.0
-"""Longest the end of a drain waits for what the drain hooks started (each bounds itself too)."""
-EXPIRED_ANSWER_S = 1.0
-"""After the drain timeout: time for the 503 answers of what was left to be written."""
-LINGER_S = 0.5
-"""Once drained, the listener stays open this long more: a client whose last answer just came
-sends its next request into a 503 (and moves on), not into a closing listener that resets it."""
+
+SO_ATTACH_FILTER = getattr(socket, "SO_ATTACH_FILTER", 26)
+"""Linux's setsockopt for a classic BPF socket filter (unprivileged)."""
+_DROP_EVERY_PACKET = struct.pack("HBBI", 0x06, 0, 0, 0)
+"""One BPF instruction, ``ret #0``: keep 0 bytes of every packet, i.e. drop it. On a listening
+socket the kernel runs the filter on SYNs and on the ACK that ends a handshake, so no new
+connection is completed (the client's SYN goes unanswered and is retried; by then the port is
+closed and the retry is refused: nothing of a request was sent)."""
+ACCEPT_QUEUE_S = 2.0
+"""Longest :meth:`_Server.stop_accepting` waits for the event loop to accept what the kernel queued."""
 
 
 def build_engine(settings: EncoderSettings) -> Engine:
@@ -59,27 +62,32 @@ def build_engine(settings: EncoderSettings) -> Engine:
     return EncoderRuntime(settings)
 
 
-class _Server(uvicorn.Server):
-    """uvicorn, driven so that a signal drains first and the listener stays open until the drain ends."""
+def _complete_no_handshake(sock: Any) -> bool:
+    """Let the kernel complete no more TCP handshakes on listening ``sock``; False where it cannot (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    program = ctypes.create_string_buffer(_DROP_EVERY_PACKET, len(_DROP_EVERY_PACKET))
+    # struct sock_fprog { unsigned short len; struct sock_filter *filter; }: the kernel copies it at once.
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, struct.pack("HP", 1, ctypes.addressof(program)))
+    return True
 
-    def __init__(
-        self,
-        config: uvicorn.Config,
-        engine: Engine,
-        lifecycle: Lifecycle,
-        drain_timeout: float,
-        hooks: Sequence[DrainHook] = (),
-        registrar: Registrar | None = None,
-    ) -> None:
+
+def _queued(sock: Any) -> bool:
+    """True while completed connections wait in ``sock``'s accept queue (the listening socket is readable)."""
+    readable, _, _ = select.select([sock.fileno()], [], [], 0)
+    return bool(readable)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, driven so that a signal starts the pod's :class:`~encoder_pod.drain.Drain`; the
+    listener and the connections close as the drain says (the :class:`~encoder_pod.drain.Listener`)."""
+
+    def __init__(self, config: uvicorn.Config, engine: Engine, drain: Drain, registrar: Registrar | None = None) -> None:
         super().__init__(config)
         self._engine = engine
-        self._lifecycle = lifecycle
-        self._drain_timeout = drain_timeout
-        # Unregistering from SGLang bootstrap servers is the drain's first step (withdraw is idempotent).
-        self._hooks = [registrar.withdraw, *hooks] if registrar is not None else list(hooks)
+        self._drain = drain
         self._registrar = registrar
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._drain: asyncio.Task[None] | None = None
 
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets)
@@ -89,10 +97,8 @@ class _Server(uvicorn.Server):
 
     async def _ready(self) -> bool:
         """The pod's readiness, as /health says it (answered from state, at once)."""
-        if self._lifecycle.draining:
-            return False
         try:
-            await self._engine.health()
+            await check_ready(self._engine, self._drain.lifecycle)
         except EncoderError:
             return False
         return True
@@ -111,63 +117,40 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        """The signal handler: hand the signal to the event loop (drain), never stop uvicorn directly."""
+        """The signal handler: hand the signal to the drain on the event loop, never stop uvicorn directly."""
         if self._loop is None:
             self.should_exit = True  # still starting: nothing was admitted yet
             return
-        self._loop.call_soon_threadsafe(self._on_signal, sig)
+        self._loop.call_soon_threadsafe(self._drain.on_signal, sig, self, self._drained)
 
-    def _on_signal(self, sig: int) -> None:
-        if self._drain is None:
-            self._drain = asyncio.get_running_loop().create_task(self._drain_then_exit(sig), name="drain")
-            return
-        log.warning("%s during the drain: answering what is left with 503 now", signal.Signals(sig).name)
-        self._lifecycle.expire()
-
-    async def _drain_then_exit(self, sig: int) -> None:
-        try:
-            await self._run_drain(sig)
-        except Exception:  # noqa: BLE001 - whatever failed, the process must still stop
-            log.exception("drain failed; stopping")
-            self._lifecycle.expire()
+    def _drained(self) -> None:
+        # uvicorn's own shutdown finds no listener and no connection left; it stops the app (the engine).
+        self.config.timeout_graceful_shutdown = 1
         self.should_exit = True
 
-    async def _run_drain(self, sig: int) -> None:
-        lifecycle, engine = self._lifecycle, self._engine
-        started = time.monotonic()
-        deadline = started + self._drain_timeout
-        lifecycle.begin_drain()
-        engine.begin_drain()
-        log.info(
-            "%s: draining (ENCODER_DRAIN_TIMEOUT=%gs): /health 503, new requests 503 + Retry-After, "
-            "%d requests in flight finish", signal.Signals(sig).name, self._drain_timeout, lifecycle.inflight,
-        )
-        started_hooks = [a for a in (self._run_hook(hook) for hook in self._hooks) if a is not None]
-        idle = await lifecycle.wait_idle(deadline - time.monotonic()) and await engine.wait_idle(
-            deadline - time.monotonic()
-        )
-        if idle:
-            log.info("drained in %.2fs: every admitted request was answered", time.monotonic() - started)
-        else:
-            log.warning(
-                "drain timeout (%gs): %d requests still running are answered 503", self._drain_timeout, lifecycle.inflight
-            )
-            lifecycle.expire()
-            await lifecycle.wait_idle(EXPIRED_ANSWER_S)
-        if started_hooks:
-            await asyncio.wait(started_hooks, timeout=HOOK_WAIT_S)
-        await asyncio.sleep(LINGER_S)
-        # uvicorn's shutdown waits this long for responses still being written (large inline answers).
-        self.config.timeout_graceful_shutdown = max(1, math.ceil(deadline - time.monotonic()))
+    # --- the drain's Listener -------------------------------------------------------------
+    async def stop_accepting(self) -> None:
+        """No new handshake completes, what the kernel queued is accepted (and answered), then the socket closes."""
+        sockets = [sock for server in self.servers for sock in (server.sockets or ())]
+        filtered = [sock for sock in sockets if _complete_no_handshake(sock)]
+        deadline = time.monotonic() + ACCEPT_QUEUE_S
+        while filtered and any(_queued(sock) for sock in filtered) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # the loop's accept handler takes them
+        for server in self.servers:
+            server.close()
 
-    @staticmethod
-    def _run_hook(hook: DrainHook) -> asyncio.Future[Any] | None:
-        try:
-            result = hook()
-        except Exception:  # noqa: BLE001 - one failed hook must not stop the drain
-            log.exception("drain hook %r failed", hook)
-            return None
-        return asyncio.ensure_future(result) if result is not None else None
+    async def close_connections(self, idle_grace: float, deadline: float) -> int:
+        """Close each connection once it is quiet: no request in progress and nothing received for
+        ``idle_grace`` s. A request that arrives meanwhile is answered (503 + ``Connection: close``:
+        that answer closes its connection); at ``deadline`` whatever is open is left to uvicorn."""
+        connections = self.server_state.connections
+        while connections and time.monotonic() < deadline:
+            for connection in list(connections):
+                quiet_for = getattr(connection, "quiet_for", None)  # a protocol of ours (api.connections) has it
+                if quiet_for is None or quiet_for() >= idle_grace:
+                    connection.shutdown()
+            await asyncio.sleep(0.05)
+        return len(connections)
 
 
 def serve(settings: EncoderSettings, drain_hooks: Sequence[DrainHook] = ()) -> None:
@@ -197,4 +180,6 @@ def serve(settings: EncoderSettings, drain_hooks: Sequence[DrainHook] = ()) -> N
         loop=settings.server.event_loop,
         timeout_keep_alive=settings.server.http_keepalive_timeout,
     )
-    _Server(config, engine, lifecycle, settings.drain_timeout_s(), drain_hooks, registrar).run()
+    hooks = [registrar.withdraw, *drain_hooks] if registrar is not None else list(drain_hooks)  # unregister first
+    drain = Drain(lifecycle, engine, settings.drain_timeout_s(), hooks)
+    _Server(config, engine, drain, registrar).run()

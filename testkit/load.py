@@ -66,6 +66,8 @@ class Outcome:
     text); empty for a 200."""
     unreachable: bool = False
     """The connection could not be made: nothing of the request was sent."""
+    connection: str | None = None
+    """The answer's ``Connection`` header (``close`` from a draining pod), None without one."""
 
     @property
     def latency(self) -> float:
@@ -163,13 +165,14 @@ class ClosedLoop:
         try:
             async with session.post(self._url(n), data=data, headers=self._headers) as resp:
                 answer = Answer(resp.status, resp.headers.get("content-type"), await resp.read())
-                retry_after = resp.headers.get("retry-after")
+                retry_after, connection = resp.headers.get("retry-after"), resp.headers.get("connection")
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             unreachable = isinstance(exc, aiohttp.ClientConnectorError)
             return Outcome(index, n, sent, time.monotonic(), type(exc).__name__, None, str(exc), unreachable)
         if answer.status == 200 and self._finish is not None:
             await self._finish(n, answer)
-        return Outcome(index, n, sent, time.monotonic(), answer.status, retry_after, _message(answer.status, answer.body))
+        return Outcome(index, n, sent, time.monotonic(), answer.status, retry_after, _message(answer.status, answer.body),
+                       connection=connection)
 
     async def run(self) -> list[Outcome]:
         """Run the clients to the end; every outcome, in the order answers came."""

@@ -21,6 +21,9 @@ connection:
   the client closes or after :data:`REFUSAL_LINGER_S`; what the client sends meanwhile is read
   and dropped, so the close never resets it before it read the answer.
 - ``HTTP_KEEPALIVE_TIMEOUT`` is uvicorn's own idle keep-alive timeout (set on its config).
+- For the drain (``encoder_pod.drain``): :meth:`_ConnectionLimits.quiet_for` says how long a
+  connection has had no request in progress and received nothing, so that the drain closes only
+  connections no request is on its way on.
 
 A request body that arrives slowly is bounded by the request, not here.
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, cast
 
@@ -106,9 +110,17 @@ class _ConnectionLimits:
         self._refused: asyncio.TimerHandle | None = None
         self._lingering: asyncio.TimerHandle | None = None
         """Set once a request was refused: the answer is out, the input is dropped until the close."""
+        self._active_at = time.monotonic()
+        """When the connection last received bytes or finished an answer (or opened)."""
 
     def _owes_headers(self) -> bool:
         raise NotImplementedError
+
+    def quiet_for(self) -> float:
+        """Seconds without a request in progress and without a byte received (0 while a request runs)."""
+        if not self._owes_headers():
+            return 0.0
+        return time.monotonic() - self._active_at
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Refuse a connection over the limit; otherwise start its header clock."""
@@ -123,12 +135,14 @@ class _ConnectionLimits:
         """Parse as uvicorn does (a refused connection's bytes are dropped), then follow the header clock."""
         if self._refused is not None or self._lingering is not None:
             return
+        self._active_at = time.monotonic()
         super().data_received(data)  # type: ignore[misc]
         self._watch_headers()
 
     def on_response_complete(self) -> None:
         """After an answer the next request's headers get a fresh clock (unless they are already in)."""
         super().on_response_complete()  # type: ignore[misc]
+        self._active_at = time.monotonic()
         self._watch_headers()
 
     def connection_lost(self, exc: Exception | None) -> None:

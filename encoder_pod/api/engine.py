@@ -21,11 +21,8 @@ class Engine(Protocol):
         """Begin loading; must return quickly (the server answers 503 meanwhile)."""
 
     def begin_drain(self) -> None:
-        """SIGTERM: refuse new requests (503 + Retry-After); everything admitted keeps going. Idempotent."""
-
-    async def wait_idle(self, timeout: float) -> bool:
-        """Wait until every admitted request was answered (or ``timeout`` passed); True when idle."""
-        ...
+        """The pod drains (``encoder_pod.drain``): say so in ``/server_info``; everything admitted keeps
+        going (new requests are refused at the faces, which wait for what is in flight). Idempotent."""
 
     async def shutdown(self, grace: float) -> None:
         """Answer whatever is left 503, let started forwards finish within ``grace`` s, release everything."""

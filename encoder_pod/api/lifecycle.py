@@ -1,20 +1,22 @@
-"""The pod's drain at the HTTP edge: what is in flight, when the drain began, when it ran out.
+"""The pod's drain state, shared by every face: what is in flight, when the drain began, when it ran out.
 
-SIGTERM starts a drain (``encoder_pod.server`` drives it). From that moment:
+SIGTERM starts a drain (``encoder_pod.drain.Drain`` runs it; this module only holds its state).
+**In flight** has one definition, :attr:`Lifecycle.inflight`: a request that arrived before the
+drain began (HTTP, on any route, or a gRPC call) and whose answer is not yet sent. From the
+drain's start:
 
 - ``/health`` and ``/health_generate`` answer 503 ``draining ...`` (readiness false, the pod
   leaves the Service), ``/livez`` stays 200;
 - a NEW ``/encode`` is answered 503 with ``Retry-After: 1`` (its body is read first, so closing
   the connection never resets a client still sending);
-- every ``/encode`` that arrived before goes on and is delivered; :meth:`Lifecycle.wait_idle`
+- every request that arrived before goes on and is delivered; :meth:`Lifecycle.wait_idle`
   returns once the last of them has been answered;
 - every response carries ``Connection: close``, so keep-alive clients move to another pod
   instead of reusing a connection that is about to close;
 - at ``ENCODER_DRAIN_TIMEOUT`` (:meth:`Lifecycle.expire`) whatever is still running is answered
   503 + Retry-After.
 
-The listener stays open through all of it: uvicorn's own shutdown (which closes it) starts only
-once the drain is over.
+The listener stays open through all of it; the drain closes it once nothing is in flight.
 """
 
 from __future__ import annotations
@@ -31,9 +33,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-TRACKED_PATHS = frozenset({"/encode"})
-"""Requests a drain waits for (the work; probes and metrics are answered at once anyway)."""
 
 ARRIVED_DRAINING = "encoderpool.arrived_draining"
 """Scope key: True when the request arrived after the drain began (it is refused, never admitted)."""
@@ -58,7 +57,7 @@ class Lifecycle:
 
     @property
     def inflight(self) -> int:
-        """Tracked requests that arrived before the drain and are not yet answered."""
+        """Requests (every route, every face) that arrived before the drain and are not yet answered."""
         return self._inflight
 
     @property
@@ -107,12 +106,12 @@ class Lifecycle:
         return True
 
     def enter(self) -> None:
-        """A tracked request arrived."""
+        """A request arrived before the drain (each face calls it once per request, and :meth:`leave` once)."""
         self._inflight += 1
         self._idle.clear()
 
     def leave(self) -> None:
-        """A tracked request was answered (its response sent, or its client gone)."""
+        """A request was answered (its response sent, or its client gone)."""
         self._inflight -= 1
         if self._inflight == 0:
             self._idle.set()
@@ -127,7 +126,8 @@ async def check_ready(engine: Engine, lifecycle: Lifecycle) -> None:
 
 
 class DrainGate:
-    """ASGI middleware: counts tracked requests until their response is sent; ``Connection: close`` while draining."""
+    """ASGI middleware: counts each HTTP request that arrived before the drain until its response
+    is sent; ``Connection: close`` on every answer while draining."""
 
     def __init__(self, app: ASGIApp, lifecycle: Lifecycle) -> None:
         self.app = app
@@ -146,8 +146,7 @@ class DrainGate:
             await send(message)
 
         scope[ARRIVED_DRAINING] = lifecycle.draining
-        tracked = scope["path"] in TRACKED_PATHS and not lifecycle.draining
-        if not tracked:
+        if lifecycle.draining:
             await self.app(scope, receive, send_closing)
             return
         lifecycle.enter()

@@ -142,17 +142,13 @@ class DataParallelFront:
         )
 
     def begin_drain(self) -> None:
-        """SIGTERM: readiness turns 503 (``draining``); admitted requests, waiting for a worker slot
-        or held by a worker, go on. New ones are refused at the HTTP edge. The workers are not
-        told: they finish what they hold and stop when :meth:`shutdown` says so."""
+        """The pod drains (``encoder_pod.drain``): ``/server_info`` says so; admitted requests, waiting
+        for a worker slot or held by a worker, go on. New ones are refused at the faces. The
+        workers are not told: they finish what they hold and stop when :meth:`shutdown` says so."""
         if self._draining:
             return
         self._draining = True
         log.info("draining: %d admitted requests finish", self._admission.in_flight)
-
-    async def wait_idle(self, timeout: float) -> bool:
-        """Wait until every admitted request was answered (or ``timeout`` passed); True when idle."""
-        return await self._admission.wait_idle(timeout)
 
     async def shutdown(self, grace: float = 10.0) -> None:
         """Stop: requests still waiting for a worker get 503, workers finish within ``grace`` and

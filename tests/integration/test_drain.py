@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import httpx
 import pytest
 
 from tests.integration.encode_client import encode
 from tests.support.media_host import MediaHost
-from testkit.load import ClosedLoop, Outcome, refused_or_unreachable
+from encoder_pod.transfer.inline import decode_embedding
+from testkit.load import Answer, ClosedLoop, Outcome, refused_or_unreachable
 from testkit.media import png_data_uri
 from testkit.server import EncoderServer
 
@@ -161,3 +163,77 @@ def test_drain_timeout_answers_what_is_left_503_and_exits_0(tiny_model):
         assert "ENCODER_DRAIN_TIMEOUT" in r.json()["message"] and r.json()["req_id"].startswith("t")
     assert drain_timeout - 0.5 <= answered_s < drain_timeout + 5
     assert code == 0 and exited_s < drain_timeout + EXIT_MARGIN_S
+
+
+KEPT_ALIVE_CLIENTS = 32
+
+
+def _check_full_answer(invalid: list[str]) -> Callable[[int, Answer], Awaitable[None]]:
+    """A ``finish`` for the load: a 200 must be a whole, valid inline answer for its own request."""
+
+    async def finish(n: int, answer: Answer) -> None:
+        try:
+            body = json.loads(answer.body)
+            tensor = decode_embedding(body["embedding"])
+            assert body["req_id"] == f"ka-{n}" and tensor.ndim == 2 and tensor.shape[0] == sum(body["item_token_counts"])
+        except Exception as exc:  # noqa: BLE001 - every way of being wrong is recorded
+            invalid.append(f"request {n}: {type(exc).__name__}: {exc} ({len(answer.body)} bytes)")
+
+    return finish
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("args", MODES[:2], ids=MODE_IDS[:2])
+def test_sigterm_to_pid_1_answers_every_request_of_kept_alive_clients(tiny_model, args):
+    """SIGTERM to the server process alone (as a container runtime sends it), 32 closed-loop clients
+    on kept-alive connections (aiohttp) that go on sending through the whole drain and the
+    listener's close: every request either could not connect (nothing sent) or got a status line;
+    every 200 is a whole answer; every draining answer says ``Connection: close``; exit 0."""
+    image = png_data_uri(64, 64, seed=3)
+    invalid: list[str] = []
+
+    def body_of(n: int) -> dict[str, Any]:
+        return {"req_id": f"ka-{n}", "modality": "IMAGE", "mm_items": [image]}
+
+    server = EncoderServer(tiny_model("clip"), env={"ENCODER_DRAIN_TIMEOUT": "120"}, args=args).start()
+    # A client stops only once it cannot connect any more (the pod is gone): it sends into the drain,
+    # into the 503s, and into the moment the listener closes.
+    load = ClosedLoop(server.base_url, KEPT_ALIVE_CLIENTS, body_of, timeout=180, finish=_check_full_answer(invalid),
+                      stop_after=lambda outcome: outcome.unreachable).start()
+    try:
+        load.wait_ok(4 * KEPT_ALIVE_CLIENTS, 240)
+        sigterm = time.monotonic()
+        os.kill(server.proc.pid, signal.SIGTERM)  # the process alone, never its group
+        while _fresh(server.port, "GET", "/health")[0] == 200:
+            assert time.monotonic() - sigterm < 60, "/health never turned 503 after SIGTERM"
+        draining_seen = time.monotonic()
+        code = server.proc.wait(240)
+        answers = load.stop()
+    finally:
+        load.stop_new()
+        server.stop()
+    no_status = [a for a in answers if isinstance(a.status, str) and not a.unreachable]
+    unexpected = [a for a in answers if isinstance(a.status, int) and a.status != 200 and not a.draining_refusal]
+    served = [a for a in answers if a.status == 200]
+    in_flight = [a for a in served if a.sent < sigterm < a.done]
+    refused = [a for a in answers if a.draining_refusal]
+    early_refused = [a for a in refused if a.sent < sigterm - BOUNDARY_S]
+    late_served = [a for a in served if a.sent > draining_seen]  # arrived after the drain began: refused
+    kept_open = [a for a in answers if isinstance(a.status, int) and (a.draining_refusal or a.sent > draining_seen)
+                 and (a.connection or "").lower() != "close"]
+    print(
+        f"\nSIGTERM to pid 1 ({' '.join(args) or 'single process'}, {KEPT_ALIVE_CLIENTS} kept-alive clients): "
+        f"{len(answers)} requests, {len(served)} answered 200 ({len(in_flight)} in flight at SIGTERM), "
+        f"{len(refused)} refused 503 + Retry-After, {sum(a.unreachable for a in answers)} could not connect "
+        f"(the pod gone), {len(no_status)} without a status line, {len(unexpected)} other answers, "
+        f"{len(invalid)} invalid 200s, {len(kept_open)} draining answers without Connection: close; exit code {code}"
+    )
+    assert not no_status, [(a.status, a.message, round(a.sent - sigterm, 3)) for a in no_status[:10]]
+    assert not unexpected, unexpected[:5]
+    assert not invalid, invalid[:5]
+    assert not early_refused, early_refused[:5]
+    assert not late_served, late_served[:5]
+    assert not kept_open, kept_open[:5]
+    assert in_flight, "nothing was in flight at SIGTERM: the test proved nothing"
+    assert refused, "no client sent during the drain: the listener was not shown answering"
+    assert code == 0, server.log_text()[-3000:]

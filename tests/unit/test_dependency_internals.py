@@ -127,6 +127,12 @@ def test_uvicorns_server_has_the_hooks_the_drain_overrides() -> None:
     assert "self.handle_exit" in inspect.getsource(uvicorn.Server.capture_signals)
     assert "self.config.timeout_graceful_shutdown" in inspect.getsource(uvicorn.Server.shutdown)
     assert "self.should_exit" in inspect.getsource(uvicorn.Server.on_tick)
+    # The drain's Listener (stop_accepting, close_connections): the asyncio servers uvicorn made,
+    # its set of open connections, and each protocol's shutdown (close if idle, else close after the answer).
+    assert "self.servers = [server]" in inspect.getsource(uvicorn.Server.startup)
+    assert isinstance(server.server_state.connections, set)
+    for cls in (h11_impl.H11Protocol, httptools_impl.HttpToolsProtocol):
+        assert "self.transport.close()" in inspect.getsource(cls.shutdown), cls
 
 
 def test_the_standard_library_internals_still_exist() -> None:
