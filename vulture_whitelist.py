@@ -78,3 +78,11 @@ _.toleration_seconds
 rbac.Rule.verbs
 rbac.RULES
 rbac.LEASE_RULES
+# Tiny generic checkpoints: config fields set for transformers to read; the enumeration is the tests'.
+_.layer_types
+_.num_key_value_heads
+_.num_experts_per_tok
+_.vocab_size
+_.bos_token
+_.unk_token
+_.feature_families

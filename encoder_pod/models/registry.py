@@ -10,6 +10,7 @@ import torch
 
 from encoder_pod.models.base import BaseAdapter, EncoderAdapter
 from encoder_pod.models.families import default_registry
+from encoder_pod.models.checkpoint import Checkpoint, read_config
 from encoder_pod.models.family import FamilyRegistry, Layout
 from encoder_pod.models.hub import resolve_model_dir
 from encoder_pod.settings import ModelSettings
@@ -42,8 +43,7 @@ def resolve_dtype(model: ModelSettings, device: torch.device) -> torch.dtype:
 def load_adapter(model: ModelSettings, registry: FamilyRegistry | None = None) -> BaseAdapter:
     """Discover ``model.model_path``'s family, build its adapter and load it (blocking: model load)."""
     families = registry or default_registry()
-    checkpoint = families.discover(resolve_model_dir(model, encoder_weight_keys))
-    cls = families.get(checkpoint.family).adapter_class(checkpoint)
+    checkpoint, cls = adapter_for(resolve_model_dir(model, encoder_weight_keys), families)
     device = resolve_device(model)
     adapter = cls(checkpoint, model, device, resolve_dtype(model, device))
     log.info("loading %s encoder (%s checkpoint) from %s on %s", cls.name, checkpoint.layout.value, checkpoint.path, device)
@@ -56,9 +56,28 @@ def encoder_weight_keys(model_dir: Path, keys: list[str], registry: FamilyRegist
 
     Needs only config.json in ``model_dir``: ``fetch-model`` calls it before any shard is there.
     """
-    families = registry or default_registry()
-    checkpoint = families.discover(Path(model_dir))
-    return families.get(checkpoint.family).adapter_class(checkpoint).weight_keys(checkpoint, keys)
+    checkpoint, cls = adapter_for(Path(model_dir), registry or default_registry())
+    return cls.weight_keys(checkpoint, keys)
+
+
+def adapter_for(model_dir: Path, families: FamilyRegistry) -> tuple[Checkpoint, type[BaseAdapter]]:
+    """The checkpoint and its adapter class: its family's hand-written one, else the generic path.
+
+    A checkpoint no family claims goes to :class:`~encoder_pod.models.generic.GenericAdapter`
+    unless :func:`~encoder_pod.models.servable.refusal` refuses it (that error is raised).
+    """
+    config = read_config(model_dir)
+    if families.recognise_all(model_dir, config):
+        checkpoint = families.discover(model_dir)
+        return checkpoint, families.get(checkpoint.family).adapter_class(checkpoint)
+    from encoder_pod.models.generic import GenericAdapter, generic_checkpoint
+    from encoder_pod.models.servable import refusal
+
+    refused = refusal(model_dir, families)
+    if refused is not None:
+        raise refused
+    checkpoint = generic_checkpoint(model_dir, config)
+    return checkpoint, GenericAdapter.for_checkpoint(checkpoint)
 
 
 def make_tiny_model(arch: str, out: Path, preset: str = "tiny", layout: Layout | None = None) -> Path:

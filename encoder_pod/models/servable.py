@@ -110,7 +110,9 @@ def refusal(model_dir: Path, registry: FamilyRegistry) -> CheckpointRefused | No
         return CheckpointRefused(
             model_type, f"its image processor {torchvision} needs torchvision, which this pod does not install"
         )
-    return CheckpointRefused(
-        model_type,
-        f"{cls.__name__} has feature methods but no encoder adapter serves it; supported: {', '.join(registry.names())}",
-    )
+    if not hasattr(cls, "get_image_features"):
+        return CheckpointRefused(
+            model_type, f"{cls.__name__} has only {' / '.join(m for m in FEATURE_METHODS if hasattr(cls, m))}; "
+            "the generic path serves get_image_features (audio and video need a hand-written adapter)",
+        )
+    return None  # the generic path serves it
