@@ -53,9 +53,23 @@ def env_value(value: Any) -> str:
     return str(value)
 
 
+FACE_OBJECTS: dict[str, str] = {"vllm": "vllm_storage"}
+"""Spec objects whose settings belong to a face that is off unless the pool turns it on, with the
+field that does (spec.vllm's settings only act once spec.vllmStorage turns vLLM's face on). They
+are rendered only for a pool that serves the face: the CRD defaults spec.vllm on every pool, so
+rendering its values everywhere would change every pool's pod template, and roll every pod, on an
+operator upgrade that adds such a face."""
+
+
+def _renders(spec: PoolSpec, obj: str) -> bool:
+    switch = FACE_OBJECTS.get(obj)
+    return switch is None or getattr(spec, switch) is not None
+
+
 def direct_env(spec: PoolSpec) -> dict[str, str]:
-    """The settings that are spec fields, from their values (unset ones are left to the pod's default)."""
-    values = ((env, getattr(getattr(spec, obj), attr)) for obj, attr, env in DIRECT_ENV)
+    """The settings that are spec fields, from their values (unset ones are left to the pod's default;
+    a face's, :data:`FACE_OBJECTS`, only for a pool that serves the face)."""
+    values = ((env, getattr(getattr(spec, obj), attr)) for obj, attr, env in DIRECT_ENV if _renders(spec, obj))
     return {env: env_value(value) for env, value in values if value is not None}
 
 

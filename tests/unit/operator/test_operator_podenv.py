@@ -38,7 +38,9 @@ BY_ENV = {setting.env: name for name, setting in all_settings().items()}
 
 def expected_fields(spec: PoolSpec) -> dict[str, Any]:
     """What each pod setting the operator renders must be for this spec."""
-    direct = {BY_ENV[env]: getattr(getattr(spec, obj), attr) for obj, attr, env in DIRECT_ENV}
+    # spec.vllm's settings belong to vLLM's face: rendered only for a pool that turns it on (spec.vllmStorage).
+    direct = {BY_ENV[env]: getattr(getattr(spec, obj), attr) for obj, attr, env in DIRECT_ENV
+              if obj != "vllm" or spec.vllm_storage is not None}
     direct = {name: value for name, value in direct.items() if value is not None}  # unset: the pod's default
     derived = {
         "model_path": spec.model_path,
@@ -79,7 +81,8 @@ def away_from_default(node: dict[str, Any]) -> Any:
 def test_every_direct_setting_set_away_from_its_default_reaches_the_pod(openapi: dict[str, Any]) -> None:
     """Each setting that is a spec field, set to a non-default value, is what the pod reads (no case list to keep up)."""
     spec_props = openapi["properties"]["spec"]["properties"]
-    raw: dict[str, Any] = {"model": "/m", "device": "cpu"}  # a CPU pool: no GPUs-per-pod bound on the parallelism
+    # A CPU pool (no GPUs-per-pod bound on the parallelism) that serves vLLM's face (its settings render only then).
+    raw: dict[str, Any] = {"model": "/m", "device": "cpu", "vllmStorage": {}}
     for obj, _, env in DIRECT_ENV:
         for key, node in spec_props[obj]["properties"].items():
             if f"({env})" in node["description"]:
@@ -130,7 +133,8 @@ def test_rendered_names_are_the_managed_list() -> None:
     plain_spec = PoolSpec(model="/m")
     unset = {env for obj, attr, env in DIRECT_ENV if getattr(getattr(plain_spec, obj), attr) is None}
     plain = tuple(encoder_settings(plain_spec))
-    assert plain == tuple(v for v in MANAGED_ENV if v not in (*names.REGISTRATION_ENV, "ENCODER_VLLM_STORAGE_PATH", names.GRPC_ENV) and v not in unset)
+    assert plain == tuple(v for v in MANAGED_ENV if v not in (*names.REGISTRATION_ENV, names.GRPC_ENV) and not v.startswith("ENCODER_VLLM_")
+                          and v not in unset)
     registering = PoolSpec.model_validate({"model": "/m", "sglang": {"registerURLs": ["http://p:8998"]}, "vllmStorage": {}, "grpc": {"port": 50051}})
     assert tuple(encoder_settings(registering)) == tuple(v for v in MANAGED_ENV if v not in unset)
 
@@ -200,3 +204,12 @@ def test_a_vllm_pool_renders_the_face_settings_the_pod_reads(make_pool: Callable
     assert load_settings(env=encoder_settings(own)).vllm.vllm_storage_path == "/vllm-ec"
     plain = make_pool({"model": "/m"}).spec
     assert "vllm-ec" not in str(volumes_and_mounts(plain)) and load_settings(env=encoder_settings(plain)).vllm.vllm_storage_path is None
+
+
+def test_only_a_pool_that_serves_vllm_renders_the_vllm_settings(make_pool: Callable[..., Pool]) -> None:
+    """The CRD defaults spec.vllm on every pool; its ENCODER_VLLM_* are rendered only with spec.vllmStorage (no rollout on upgrade)."""
+    plain = encoder_settings(make_pool({"model": "/m", "vllm": {"modelID": "m"}}).spec)
+    served = encoder_settings(make_pool({"model": "/m", "vllmStorage": {}}).spec)
+    assert not [k for k in plain if k.startswith("ENCODER_VLLM_")]
+    assert {"ENCODER_VLLM_STORAGE_PATH", "ENCODER_VLLM_MODEL_ID", "ENCODER_VLLM_MM_HASHER_ALGORITHM", "ENCODER_VLLM_DTYPE",
+            "ENCODER_VLLM_STORAGE_MAX_MB", "ENCODER_VLLM_STORAGE_TTL"} <= set(served)
