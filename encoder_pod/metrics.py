@@ -9,13 +9,17 @@ so no family is recorded twice and none is registered where nobody renders it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from encoder_pod.errors import HTTP_STATUS
+from encoder_pod.errors import HTTP_STATUS, ErrorKind
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 180)
 _SIZE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
 _TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144)
+_DELIVERY_FAILURE_KINDS = (ErrorKind.TRANSFER_FAILED.value, ErrorKind.TIMEOUT.value)
+"""What a delivery to the prefill side fails with: the receiver refused or vanished, or no rank came in time."""
 
 
 class EdgeMetrics:
@@ -119,6 +123,16 @@ class ReplicaMetrics:
             ["backend", "kind"],
             registry=r,
         )
+
+    def declare(self, modalities: Iterable[str], backends: Iterable[str]) -> None:
+        """Export ``encoder_items_total`` of every modality the model takes and the delivery failures
+        of every backend in use at 0 from the start, as the edge does for its answers: a pod's first
+        failed push is then visible to rate() and increase() (a series born at 1 shows none)."""
+        for modality in modalities:
+            self.items.labels(modality=modality)
+        for backend in backends:
+            for kind in _DELIVERY_FAILURE_KINDS:
+                self.delivery_failures.labels(backend=backend, kind=kind)
 
     def render(self) -> bytes:
         """Prometheus text exposition of this registry."""

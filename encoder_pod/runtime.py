@@ -122,6 +122,7 @@ class EncoderRuntime:
         freeze_startup_objects()  # before serving: a full GC pass over the model stack would stall the loop
         self.readiness.success.record()  # the warmup was a real encode of the health item, all four stages
         self.adapter, self.step = adapter, None
+        self.metrics.declare([m.value for m in adapter.modalities], self._transfer.delivering)
         self._scheduler = BatchScheduler(adapter, self.settings.batching, self.metrics, on_forward=self._profiler.step)
         self._scheduler.start()
         self._prober = Prober(adapter, self._scheduler, self.readiness, lambda: self.state is ReplicaState.READY)

@@ -123,6 +123,11 @@ class TransferRouter:
             else:
                 self._pulled = PulledTransfer(self._zmq, self._staging, settings.send_timeout)
 
+    @property
+    def delivering(self) -> list[str]:
+        """The names (``encoder_delivery_*``'s ``backend`` label) of the backends that deliver to a prefill side."""
+        return [t.name for t in (self._zmq, self._pulled) if t is not None]
+
     def for_request(self, request: EncodeRequest) -> Transfer:
         """The backend that delivers this request's embedding; refuses (400) what cannot be delivered."""
         if request.prefill_host is None:

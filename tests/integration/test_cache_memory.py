@@ -9,6 +9,7 @@ images with a small budget while its gauges, entries and evictions are read back
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -69,8 +70,12 @@ def test_resident_memory_stays_within_the_budget_under_ten_times_its_churn():
     # The rows the store holds, one batch output in flight and the allocator's slack (up to 130 MiB
     # was seen under load for this 64 MiB budget): never the churn, ten times the budget.
     assert max(growth) <= 1.25 * budget + (80 << 20), f"peak RSS growth {max(growth) >> 20} MiB over a {BUDGET_MB} MiB budget"
-    settled = growth[len(growth) // 3 :]
-    assert max(settled) - min(settled) <= 48 << 20, "resident memory keeps growing after the cache is full"
+    # Growth after the cache is full is a trend, not a spike: glibc's heap keeps a freed batch output
+    # of up to 60 MiB for a while (86 -> 145 -> 88 MiB was seen in one CI run), so the middle and the
+    # last third are compared by their medians. A leak of a tenth of the churn would move it by 21 MiB.
+    third = len(growth) // 3
+    middle, last = statistics.median(growth[third : 2 * third]), statistics.median(growth[2 * third :])
+    assert last - middle <= 16 << 20, f"resident memory keeps growing after the cache is full: {middle / 2**20:.0f} -> {last / 2**20:.0f} MiB"
 
 
 def test_a_server_holds_its_budget_while_distinct_images_churn_through(tiny_model):

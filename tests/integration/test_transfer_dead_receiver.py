@@ -47,6 +47,10 @@ def test_dead_receiver_fails_fast_and_leaks_nothing(tiny_model):
     dead_ports = [free_port() for _ in range(20)]
     with EncoderServer(tiny_model("qwen2_vl"), env=env) as server:
         pid = server.proc.pid
+        # The series a delivery alert reads exist at 0 before the first failure: rate() sees the first one.
+        text = httpx.get(server.base_url + "/metrics", timeout=10).text
+        assert 'encoder_delivery_failures_total{backend="zmq_to_tokenizer",kind="transfer_failed"} 0.0' in text
+        assert 'encoder_items_total{modality="IMAGE"} 0.0' in text
 
         def push(i: int) -> tuple[int, str, float]:
             port = dead_ports[i % len(dead_ports)]
