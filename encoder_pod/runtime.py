@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, TypeVar
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
 
 from encoder_pod.batching.admission import Admission
 from encoder_pod.batching.entry import PendingEntry
@@ -419,9 +420,17 @@ class EncoderRuntime:
 
     def metrics_text(self) -> bytes:
         """Prometheus text for /metrics."""
+        self._sync_queue_depth()
+        return self.metrics.render()
+
+    def metric_families(self) -> list[Metric]:
+        """The registry's families now (a data-parallel worker sends them to its front as typed samples)."""
+        self._sync_queue_depth()
+        return list(self.metrics.registry.collect())
+
+    def _sync_queue_depth(self) -> None:
         if self._scheduler is not None:
             self.metrics.queue_depth.set(self._scheduler.depth)
-        return self.metrics.render()
 
     def info(self) -> dict[str, Any]:
         """What /server_info shows."""

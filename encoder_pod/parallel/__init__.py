@@ -5,5 +5,6 @@ that hosts an :class:`~encoder_pod.runtime.EncoderRuntime`; ``messages`` is the 
 them, ``ipc`` the sockets, ``router`` the least-pending choice, ``affinity`` the req_id stickiness
 zmq_to_scheduler needs, ``handle`` one rank as the front sees it, ``supervisor`` the worker
 processes and their watchdog (death, hang, restart with backoff), ``placement`` which device or
-CPU share each worker gets, ``ranked_metrics`` the merge of every worker's metrics.
+CPU share each worker gets, ``ranked_metrics`` every worker's metric families (sent typed) on the
+front's registry with a ``rank`` label.
 """

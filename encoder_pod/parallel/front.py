@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from enum import Enum
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 import zmq
 import zmq.asyncio
@@ -47,6 +47,7 @@ from encoder_pod.parallel.messages import (
     Error,
     Frame,
     Message,
+    MetricFamily,
     ProtocolError,
     Result,
     Status,
@@ -54,7 +55,7 @@ from encoder_pod.parallel.messages import (
     unpack,
 )
 from encoder_pod.parallel.placement import plan, usable_cpus
-from encoder_pod.parallel.ranked_metrics import DataParallelMetrics, merge
+from encoder_pod.parallel.ranked_metrics import DataParallelMetrics, RankedWorkerMetrics
 from encoder_pod.parallel.router import NoWorker, Router
 from encoder_pod.parallel.supervisor import Supervisor
 from encoder_pod.parallel.tensor.plans import check_divisible
@@ -93,6 +94,7 @@ class DataParallelFront:
         self.settings = settings
         self._registry = CollectorRegistry()
         self._dp_metrics = DataParallelMetrics(self._registry)
+        self._registry.register(RankedWorkerMetrics(self._worker_metrics))
         self._placements = plan(settings.parallel, settings.model, os.environ, usable_cpus())
         if settings.parallel.dp_worker_max_inflight < settings.batching.max_batch_size:
             log.warning(
@@ -379,13 +381,17 @@ class DataParallelFront:
 
     # --- metrics and info -------------------------------------------------------------------
     def metrics_text(self) -> bytes:
-        """The front's families, then every live worker's (from its last heartbeat), by rank."""
+        """The front's registry: its own families and every live worker's (from its last heartbeat), by rank."""
         for rank, pending in enumerate(self._router.pending):
             self._dp_metrics.pending.labels(rank=str(rank)).set(pending)
         self._dp_metrics.waiting.set(self._router.waiting)
-        handles = self._supervisor.handles if self._supervisor else []
-        workers = [(h.rank, h.current.metrics) for h in handles if h.current is not None and h.current.metrics]
-        return merge(render(self._registry), workers)
+        return render(self._registry)
+
+    def _worker_metrics(self) -> Iterator[tuple[int, Sequence[MetricFamily]]]:
+        """Each live worker's families as its last heartbeat carried them (:class:`RankedWorkerMetrics`)."""
+        for handle in self._supervisor.handles if self._supervisor else []:
+            if handle.current is not None and handle.current.metrics:
+                yield handle.rank, handle.current.metrics
 
     def _state(self, handles: list[WorkerRecord]) -> FrontState:
         if self._stopping:

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import zmq
 
 from encoder_pod.errors import NotReady, WorkerDied
-from encoder_pod.parallel.messages import Frame
+from encoder_pod.parallel.messages import Frame, MetricFamily
 from encoder_pod.parallel.placement import Placement
 from encoder_pod.parallel.router import Router
 from encoder_pod.readiness import LoadStep, ReplicaState
@@ -57,7 +57,8 @@ class Incarnation:
     replica: ReplicaState = ReplicaState.LOADING
     step: LoadStep | None = LoadStep.IMPORTING
     info: dict[str, Any] | None = None
-    metrics: bytes | None = None
+    metrics: tuple[MetricFamily, ...] | None = None
+    """Its replica's metric families, as its last heartbeat carried them (forgotten at its exit)."""
     healthy: bool = False
     """Its replica's readiness verdict, as last reported."""
     health_error: str | None = None

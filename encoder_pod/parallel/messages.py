@@ -4,8 +4,13 @@ A message is a ZMQ multipart: frame 0 is a msgpack map ``{"v": WIRE_VERSION, "k"
 of one of the structs below; any further frames are raw bytes that msgpack never copies into a
 map: an :class:`Encode`'s item sources (frame i+1 is item i, UTF-8), a :class:`Result`'s inline
 embedding (frame 1, the :class:`~encoder_pod.transfer.inline.InlineAnswer`'s raw tensor bytes; the
-front renders them as the caller asked). Nothing here is pickled: both ends only ever build the struct named by the kind, so a bad frame is a :class:`ProtocolError`, never
-code execution.
+front renders them as the caller asked). Nothing here is pickled: both ends only ever build the
+struct named by the kind, so a bad frame is a :class:`ProtocolError`, never code execution.
+
+A worker's metrics travel typed too: its registry's collected families as :class:`MetricFamily`
+tuples (name, type, help, samples with their labels and values), which the front exposes through
+a collector that adds the ``rank`` label (``parallel.ranked_metrics``); no Prometheus text is
+parsed or rewritten anywhere.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import dataclasses
 import json
 from dataclasses import asdict, dataclass
 from enum import Enum, IntEnum
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, NamedTuple, Sequence
 
 import msgpack
 
@@ -26,7 +31,7 @@ from encoder_pod.readiness import LoadStep, ReplicaState
 Frame = bytes | bytearray | memoryview
 """One raw frame of a multipart message."""
 
-WIRE_VERSION = 4
+WIRE_VERSION = 5
 """Bumped on any change of a struct; both ends are one install, so a mismatch is a bug."""
 
 
@@ -99,7 +104,7 @@ class Call:
     """Front -> worker: a control operation answered by a :class:`Result` or :class:`Error`."""
 
     KIND: ClassVar[MsgKind] = MsgKind.CALL
-    _ENUMS: ClassVar[dict[str, type[Enum]]] = {"op": ControlOp}
+    _DECODE: ClassVar[dict[str, Callable[[Any], Any]]] = {"op": ControlOp}
     call_id: int
     op: ControlOp
     args: dict[str, Any]
@@ -113,12 +118,53 @@ class Stop:
     grace_s: float
 
 
+METRIC_TYPES = frozenset({"counter", "gauge", "summary", "histogram", "gaugehistogram", "unknown", "info", "stateset"})
+"""The family types prometheus_client collects (``prometheus_client.metrics_core.METRIC_TYPES``)."""
+
+
+class MetricSample(NamedTuple):
+    """One sample of a :class:`MetricFamily`: the sample's name is the family's plus ``suffix``."""
+
+    suffix: str
+    """``""`` (a gauge), ``"_total"``, ``"_bucket"``, ``"_sum"``, ``"_count"``, ``"_created"`` ..."""
+    labels: dict[str, str]
+    value: float
+
+
+class MetricFamily(NamedTuple):
+    """One collected metric family of a worker's registry, as ``registry.collect()`` gives it."""
+
+    name: str
+    """The family's name without the counter's ``_total`` (OpenMetrics naming, as collected)."""
+    type: str
+    help: str
+    unit: str
+    samples: tuple[MetricSample, ...]
+
+
+def families_from_wire(raw: Any) -> tuple[MetricFamily, ...]:
+    """The :class:`MetricFamily` tuples of a :class:`Status`'s ``metrics`` field (msgpack gives lists)."""
+    families = []
+    for name, typ, help_, unit, samples in raw:
+        if not (isinstance(name, str) and isinstance(help_, str) and isinstance(unit, str)) or typ not in METRIC_TYPES:
+            raise ValueError(f"malformed metric family {name!r} of type {typ!r}")
+        out = []
+        for suffix, labels, value in samples:
+            if not isinstance(suffix, str) or not isinstance(labels, dict) or not isinstance(value, (int, float)):
+                raise ValueError(f"malformed sample of metric family {name!r}")
+            out.append(MetricSample(suffix, labels, value))
+        families.append(MetricFamily(name, typ, help_, unit, tuple(out)))
+    return tuple(families)
+
+
 @dataclass(frozen=True)
 class Status:
     """Worker -> front: a heartbeat with the worker's state, load progress, info and metrics."""
 
     KIND: ClassVar[MsgKind] = MsgKind.STATUS
-    _ENUMS: ClassVar[dict[str, type[Enum]]] = {"state": ReplicaState, "step": LoadStep}
+    _DECODE: ClassVar[dict[str, Callable[[Any], Any]]] = {
+        "state": ReplicaState, "step": LoadStep, "metrics": families_from_wire,
+    }
     rank: int
     generation: int
     pid: int
@@ -128,7 +174,8 @@ class Status:
     elapsed_s: float
     error: str | None = None
     info: dict[str, Any] | None = None
-    metrics: bytes | None = None
+    metrics: tuple[MetricFamily, ...] | None = None
+    """Every family of the replica's registry, collected at this heartbeat."""
     healthy: bool = False
     """The replica's readiness verdict: what /health says for this rank."""
     health_error: str | None = None
@@ -158,7 +205,7 @@ class Error:
     """Worker -> front: ``call_id`` failed; the kind and HTTP code survive the process boundary."""
 
     KIND: ClassVar[MsgKind] = MsgKind.ERROR
-    _ENUMS: ClassVar[dict[str, type[Enum]]] = {"kind": ErrorKind}
+    _DECODE: ClassVar[dict[str, Callable[[Any], Any]]] = {"kind": ErrorKind}
     rank: int
     generation: int
     call_id: int
@@ -208,7 +255,7 @@ def unpack(frames: Sequence[Frame]) -> tuple[Message, list[Frame]]:
         cls = _STRUCTS[MsgKind(fields["k"])]
     except (ValueError, KeyError, TypeError):
         raise ProtocolError(f"unknown message kind {fields.get('k')!r}") from None
-    enums = getattr(cls, "_ENUMS", {})
+    decoders = getattr(cls, "_DECODE", {})
     values: dict[str, Any] = {}
     try:
         for f in dataclasses.fields(cls):
@@ -217,8 +264,8 @@ def unpack(frames: Sequence[Frame]) -> tuple[Message, list[Frame]]:
                     raise ProtocolError(f"{cls.__name__} without field {f.name!r}")
                 continue
             raw = fields[f.name]
-            values[f.name] = enums[f.name](raw) if f.name in enums and raw is not None else raw
-    except ValueError as exc:
+            values[f.name] = decoders[f.name](raw) if f.name in decoders and raw is not None else raw
+    except (ValueError, TypeError) as exc:
         raise ProtocolError(f"{cls.__name__}: {exc}") from None
     return cls(**values), list(frames[1:])
 

@@ -3,14 +3,21 @@
 Ownership is split so no family is counted twice: the HTTP edge's families
 (:class:`~encoder_pod.metrics.EdgeMetrics`) and the ``encoder_dp_*`` families live on the front's
 registry; every per-replica family (:class:`~encoder_pod.metrics.ReplicaMetrics`: batches, queue,
-forward time, ...) lives in the workers and is merged in with a rank label.
+forward time, the cache's ...) lives in the workers. Each worker sends its registry's collected
+families in its heartbeat as typed samples (:func:`sample_families`); the front's registry holds a
+:class:`RankedWorkerMetrics` collector that yields them with a ``rank`` label, so one exposition
+(prometheus_client's) renders both and nothing parses or rewrites Prometheus text.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from encoder_pod.parallel.messages import MetricFamily, MetricSample
 
 
 class DataParallelMetrics:
@@ -32,48 +39,37 @@ class DataParallelMetrics:
         )
 
 
-def _with_rank(line: str, rank: int) -> str:
-    """``name{a="b"} 1`` -> ``name{rank="0",a="b"} 1``; ``name 1`` -> ``name{rank="0"} 1``."""
-    space = line.find(" ")
-    brace = line.find("{")
-    if brace != -1 and (space == -1 or brace < space):
-        return f'{line[: brace + 1]}rank="{rank}",{line[brace + 1 :]}'
-    return f'{line[:space]}{{rank="{rank}"}}{line[space:]}'
+def sample_families(families: Iterable[Metric]) -> tuple[MetricFamily, ...]:
+    """A registry's collected families as the typed tuples a worker's heartbeat carries."""
+    out = []
+    for family in families:
+        cut = len(family.name)
+        samples = tuple(MetricSample(s.name[cut:], s.labels, s.value) for s in family.samples)
+        out.append(MetricFamily(family.name, family.type, family.documentation, family.unit, samples))
+    return tuple(out)
 
 
-def _families(text: str) -> dict[str, tuple[list[str], list[str]]]:
-    """Prometheus text -> {family: (HELP/TYPE lines, sample lines)}, in order."""
-    families: dict[str, tuple[list[str], list[str]]] = {}
-    current: tuple[list[str], list[str]] | None = None
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        if line.startswith("# HELP ") or line.startswith("# TYPE "):
-            name = line.split(" ", 3)[2]
-            current = families.setdefault(name, ([], []))
-            current[0].append(line)
-        elif line.startswith("#"):
-            continue
-        elif current is not None:
-            current[1].append(line)
-    return families
+class RankedWorkerMetrics(Collector):
+    """Every worker's last reported families, each sample labelled with its ``rank``.
 
-
-def merge(front: bytes, ranks: Iterable[tuple[int, bytes]]) -> bytes:
-    """One exposition: the front's families as they are, then each worker family with a rank label.
-
-    A family the front already has is never taken from a worker (the front owns it).
+    Registered on the front's registry, so ``/metrics`` renders them with the front's own
+    families through prometheus_client's exposition. A family several ranks report is one family
+    with every rank's samples (ranks in order). ``ranks`` gives each live worker's families (the
+    supervisor forgets a dead worker's, so its series end with it, as a scraped target's do).
     """
-    out = [front.decode().rstrip("\n")]
-    owned = set(_families(out[0]))
-    merged: dict[str, tuple[list[str], list[str]]] = {}
-    for rank, text in sorted(ranks):
-        for name, (head, samples) in _families(text.decode(errors="replace")).items():
-            if name in owned:
-                continue
-            family = merged.setdefault(name, (head, []))
-            family[1].extend(_with_rank(s, rank) for s in samples)
-    for head, samples in merged.values():
-        out.extend(head)
-        out.extend(samples)
-    return ("\n".join(line for line in out if line) + "\n").encode()
+
+    def __init__(self, ranks: Callable[[], Iterable[tuple[int, Sequence[MetricFamily]]]]) -> None:
+        self._ranks = ranks
+
+    def collect(self) -> Iterable[Metric]:
+        """One :class:`Metric` per family name, every rank's samples in it."""
+        merged: dict[str, Metric] = {}
+        for rank, families in sorted(self._ranks(), key=lambda pair: pair[0]):
+            label = str(rank)
+            for family in families:
+                metric = merged.get(family.name)
+                if metric is None:
+                    metric = merged[family.name] = Metric(family.name, family.help, family.type, family.unit)
+                for sample in family.samples:
+                    metric.add_sample(family.name + sample.suffix, {"rank": label, **sample.labels}, sample.value)
+        return merged.values()

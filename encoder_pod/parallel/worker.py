@@ -43,6 +43,7 @@ from encoder_pod.parallel.messages import (
     request_from_wire,
     unpack,
 )
+from encoder_pod.parallel.ranked_metrics import sample_families
 from encoder_pod.readiness import STALE_HEARTBEAT_S, LoadStep, ReplicaState
 from encoder_pod.settings import EncoderSettings
 from encoder_pod.transfer.inline import InlineAnswer
@@ -292,7 +293,7 @@ class WorkerServer:
             state, step, error = rt.state, rt.step, rt.load_error
             info = rt.info()
             info.pop("settings", None)  # the front shows the settings once
-            metrics = rt.metrics_text()
+            metrics = sample_families(rt.metric_families())
             not_ready = rt.not_ready()
             health_error = not_ready.message if not_ready is not None else None
         silent = self.group.silent_followers(STALE_HEARTBEAT_S) if self.group is not None else []

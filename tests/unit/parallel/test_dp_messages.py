@@ -12,6 +12,8 @@ from encoder_pod.parallel.messages import (
     ControlOp,
     Encode,
     Error,
+    MetricFamily,
+    MetricSample,
     ProtocolError,
     Result,
     Status,
@@ -68,8 +70,10 @@ def test_error_keeps_kind_and_status_across_the_boundary():
 def test_enums_come_back_typed():
     call, _ = unpack(pack(Call(1, ControlOp.START_PROFILE, {"num_steps": 2})))
     assert isinstance(call, Call) and call.op is ControlOp.START_PROFILE
-    status, _ = unpack(pack(Status(0, 1, 123, ReplicaState.READY, None, 1.5, metrics=b"m 1\n")))
-    assert isinstance(status, Status) and status.state is ReplicaState.READY and status.metrics == b"m 1\n"
+    families = (MetricFamily("m", "counter", "M.", "", (MetricSample("_total", {"a": "b"}, 1.0),)),)
+    status, _ = unpack(pack(Status(0, 1, 123, ReplicaState.READY, None, 1.5, metrics=families)))
+    assert isinstance(status, Status) and status.state is ReplicaState.READY and status.metrics == families
+    assert isinstance(status.metrics[0], MetricFamily) and isinstance(status.metrics[0].samples[0], MetricSample)
     assert status.step is None
     loading, _ = unpack(pack(Status(0, 1, 123, ReplicaState.LOADING, LoadStep.WARMING_UP, 0.5)))
     assert isinstance(loading, Status) and loading.step is LoadStep.WARMING_UP
