@@ -6,7 +6,7 @@ import runpy
 import sys
 from pathlib import Path
 
-BENCHES = ["bench.core_bench", "bench.dp_bench", "bench.health_bench", "bench.load_bench"]
+BENCHES = ["bench.core_bench", "bench.dp_bench", "bench.health_bench", "bench.load_bench", "bench.tower_memory"]
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
