@@ -1,8 +1,9 @@
 """Prometheus metrics of one encoder process, on a registry of its own (no global state).
 
 Two owners, two classes: :class:`ReplicaMetrics` are what one model replica records (queue,
-batches, latencies of its stages); :class:`EdgeMetrics` are what the HTTP edge records (answers
-by status, request latency), :class:`GrpcMetrics` the same for the gRPC face. A single-process pod registers both on one registry; in data
+batches, latencies of its stages); :class:`EdgeMetrics` are what the edge records (answers by
+status, request latency) for every face's encode requests, :class:`GrpcMetrics` the gRPC face's
+calls by method and gRPC status. A single-process pod registers both on one registry; in data
 parallel the front holds the edge's and each worker a replica's (merged with a ``rank`` label),
 so no family is recorded twice and none is registered where nobody renders it.
 """
@@ -23,21 +24,26 @@ _DELIVERY_FAILURE_KINDS = (ErrorKind.TRANSFER_FAILED.value, ErrorKind.TIMEOUT.va
 
 
 class EdgeMetrics:
-    """The HTTP edge's families: answered /encode requests by status and error kind, their latency,
-    and the admission bound they are refused beyond (429)."""
+    """The edge's families: answered encode requests by status and error kind, their latency, and the
+    admission bound they are refused beyond (429). One instance per pod process, shared by the
+    faces: HTTP ``/encode``, vLLM's ``/v1/chat/completions`` and gRPC ``Encode`` (a gRPC call under
+    the HTTP status of its error kind, a cancelled one as 499; ``encoder_pod.api.answer_counts``)."""
 
     def __init__(self, registry: CollectorRegistry, max_queue: int | None = None) -> None:
         r = registry
-        self.requests = Counter("encoder_requests", "Answered /encode requests by HTTP status.", ["code"], registry=r)
+        self.requests = Counter(
+            "encoder_requests", "Answered encode requests (/encode, /v1/chat/completions, gRPC Encode) by HTTP status.",
+            ["code"], registry=r,
+        )
         self.errors = Counter(
             "encoder_request_errors",
-            "Answered /encode errors by HTTP status and error kind (overloaded, timeout, worker_died, transfer_failed, "
+            "Answered encode errors (every face) by HTTP status and error kind (overloaded, timeout, worker_died, transfer_failed, "
             "client_gone, ...: what the error message says, in a bounded set of words).",
             ["code", "kind"],
             registry=r,
         )
         self.request_latency = Histogram(
-            "encoder_request_seconds", "Total time of an /encode request.", buckets=_LATENCY_BUCKETS, registry=r
+            "encoder_request_seconds", "Total time of an encode request (every face).", buckets=_LATENCY_BUCKETS, registry=r
         )
         self.max_queue = Gauge(
             "encoder_max_queue",

@@ -33,11 +33,12 @@ import grpc
 from smg_grpc_proto import sglang_encoder_pb2 as pb
 from smg_grpc_proto import sglang_encoder_pb2_grpc as pb_grpc
 
+from encoder_pod.api.answer_counts import count_answer
 from encoder_pod.api.engine import Engine
 from encoder_pod.api.grpc_errors import refusal
 from encoder_pod.api.lifecycle import Lifecycle
 from encoder_pod.errors import EncoderError, InvalidRequest
-from encoder_pod.metrics import GrpcMetrics
+from encoder_pod.metrics import EdgeMetrics, GrpcMetrics
 from encoder_pod.settings import EncoderSettings, TransferBackend
 
 T = TypeVar("T")
@@ -100,12 +101,13 @@ def registration_body(request: pb.SchedulerReceiveUrlRequest) -> dict[str, Any]:
 class SglangEncoderFace(pb_grpc.SglangEncoderServicer):
     """``Encode``, ``Send`` and ``SchedulerReceiveUrl`` over one :class:`Engine` (single process or DP front)."""
 
-    def __init__(self, settings: EncoderSettings, engine: Engine, lifecycle: Lifecycle) -> None:
+    def __init__(self, settings: EncoderSettings, engine: Engine, lifecycle: Lifecycle, edge: EdgeMetrics) -> None:
         self._engine = engine
         self._lifecycle = lifecycle
         self._backend = settings.transfer.transfer_backend
         self._drain_timeout = settings.drain_timeout_s()
         self._metrics = GrpcMetrics(engine.registry)
+        self._edge = edge  # Encode counts in encoder_requests_total as /encode does (api.answer_counts)
 
     async def Encode(  # noqa: N802 - the generated servicer's method name
         self, request: pb.EncodeRequest, context: grpc.aio.ServicerContext
@@ -161,13 +163,15 @@ class SglangEncoderFace(pb_grpc.SglangEncoderServicer):
         """``work``'s result, or the error table's status for what it raised (the call ends there)."""
         started = time.perf_counter()
         code = grpc.StatusCode.OK
+        failed: BaseException | None = None
         try:
             try:
                 return await work
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED  # the client went (or its deadline passed): nobody reads an answer
+            except asyncio.CancelledError as exc:
+                code, failed = grpc.StatusCode.CANCELLED, exc  # the client went (or its deadline passed): nobody reads an answer
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure is answered by the error table
+                failed = exc
                 answer = refusal(exc)
                 code = answer.code
                 context.set_trailing_metadata(answer.metadata)
@@ -176,6 +180,8 @@ class SglangEncoderFace(pb_grpc.SglangEncoderServicer):
         finally:
             self._metrics.calls.labels(method=method, code=code.name).inc()
             self._metrics.call_latency.labels(method=method).observe(time.perf_counter() - started)
+            if method == "Encode":  # Send and SchedulerReceiveUrl are /send's and /scheduler_receive_url's twins: not counted there
+                count_answer(self._edge, failed, started)
 
     async def _until_stopped(self, work: Awaitable[T]) -> T:
         """``work`` in this task, answered 503-style (UNAVAILABLE) if the drain runs out of time first.

@@ -27,6 +27,7 @@ from encoder_pod.api.engine import Engine
 from encoder_pod.api.grpc_encoder import SglangEncoderFace
 from encoder_pod.api.grpc_health import HealthFace
 from encoder_pod.api.lifecycle import Lifecycle
+from encoder_pod.metrics import EdgeMetrics
 from encoder_pod.settings import EncoderSettings
 
 log = logging.getLogger(__name__)
@@ -45,9 +46,10 @@ SERVICE_NAMES = (
 class GrpcFace:
     """The gRPC server of one pod: build it, start it on the running loop, stop it."""
 
-    def __init__(self, settings: EncoderSettings, engine: Engine, lifecycle: Lifecycle) -> None:
+    def __init__(self, settings: EncoderSettings, engine: Engine, lifecycle: Lifecycle, edge: EdgeMetrics) -> None:
+        """``edge``: the HTTP edge's answer counters, which count ``Encode`` calls too."""
         self._address = f"{_host(settings.server.host)}:{settings.server.grpc_port}"
-        self._encoder = SglangEncoderFace(settings, engine, lifecycle)
+        self._encoder = SglangEncoderFace(settings, engine, lifecycle, edge)
         self._health = HealthFace(engine, lifecycle)
         self._server: grpc.aio.Server | None = None
         self.port: int | None = None

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
+from encoder_pod.api.answer_counts import count_answer, counted
 from encoder_pod.api.disconnects import CLIENT_GONE, GoneClients
 from encoder_pod.api.engine import Engine
 from encoder_pod.api.answers import answer_response
@@ -137,15 +138,6 @@ def error_response(exc: Exception, path: str, gone: GoneClients) -> Response:
     return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", None), status_code=500)
 
 
-def error_kind(exc: Exception) -> str:
-    """The ``kind`` label of ``encoder_request_errors_total`` for an exception the error table answered."""
-    if isinstance(exc, ClientDisconnect):
-        return "client_gone"
-    if isinstance(exc, EncoderError):
-        return exc.kind.value
-    return "internal"
-
-
 def _install_error_table(app: FastAPI, gone: GoneClients) -> None:
     """:func:`error_response` for every route of ``app``."""
 
@@ -177,7 +169,7 @@ def _lifespan(
     return lifespan
 
 
-def _grpc_face(settings: EncoderSettings, engine: Engine, lifecycle: Lifecycle) -> GrpcFace | None:
+def _grpc_face(settings: EncoderSettings, engine: Engine, lifecycle: Lifecycle, metrics: EdgeMetrics) -> GrpcFace | None:
     """SGLang's gRPC face when ``ENCODER_GRPC_PORT`` is set (the ``grpc`` extra), else None."""
     if not settings.server.grpc_port:
         return None
@@ -188,7 +180,7 @@ def _grpc_face(settings: EncoderSettings, engine: Engine, lifecycle: Lifecycle) 
             f"invalid setting ENCODER_GRPC_PORT / --grpc-port: the gRPC face needs the grpc extra "
             f"(pip install 'encoderpool[grpc]'): {exc}"
         ) from None
-    return GrpcFace(settings, engine, lifecycle)
+    return GrpcFace(settings, engine, lifecycle, metrics)
 
 
 class PodApp(FastAPI):
@@ -213,7 +205,8 @@ def create_app(settings: EncoderSettings, engine: Engine, lifecycle: Lifecycle |
     """The encoder pod's HTTP app over ``engine``; ``lifecycle`` is the drain state the server drives."""
     offload = Offload(name="http-offload")
     lifecycle = lifecycle or Lifecycle()
-    grpc_face = _grpc_face(settings, engine, lifecycle)
+    metrics = EdgeMetrics(engine.registry, settings.admission.max_queue)  # one set of answer counters, every face
+    grpc_face = _grpc_face(settings, engine, lifecycle, metrics)
     app = PodApp(title="encoderpool encoder pod", version="0.1.0", lifespan=_lifespan(engine, settings, offload, grpc_face))
     app.state.engine = engine
     app.state.lifecycle = lifecycle
@@ -221,11 +214,12 @@ def create_app(settings: EncoderSettings, engine: Engine, lifecycle: Lifecycle |
     gone = GoneClients()
     app.add_middleware(DrainGate, lifecycle=lifecycle)
     _install_error_table(app, gone)
-    app.encode_route = EncodeRoute(settings=settings, engine=engine, offload=offload, lifecycle=lifecycle, gone=gone)
+    app.encode_route = EncodeRoute(settings=settings, engine=engine, offload=offload, lifecycle=lifecycle, gone=gone,
+                                   metrics=metrics)
     _document_encode(app)
     _install_probes(app, engine, lifecycle)
     _install_control(app, engine, offload)
-    _install_vllm(app, settings, engine, offload)
+    _install_vllm(app, settings, engine, offload, metrics)
     return app
 
 
@@ -239,13 +233,13 @@ class EncodeRoute:
     """
 
     def __init__(self, *, settings: EncoderSettings, engine: Engine, offload: Offload,
-                 lifecycle: Lifecycle, gone: GoneClients) -> None:
+                 lifecycle: Lifecycle, gone: GoneClients, metrics: EdgeMetrics) -> None:
         self._settings = settings
         self._engine = engine
         self._offload = offload
         self._lifecycle = lifecycle
         self._gone = gone
-        self._metrics = EdgeMetrics(engine.registry, settings.admission.max_queue)
+        self._metrics = metrics
         self._drain_timeout = settings.drain_timeout_s()
         self._gated = DrainGate(self._answer, lifecycle)
 
@@ -264,7 +258,8 @@ class EncodeRoute:
     async def _encode(self, request: Request) -> Response:
         """Encode a request's media items and deliver the embedding (SGLang's /encode)."""
         started = time.perf_counter()
-        code, kind, req_id, lifecycle = 200, "", None, self._lifecycle
+        failed: Exception | None = None
+        req_id, lifecycle = None, self._lifecycle
         try:
             if lifecycle.arrived_draining(request.scope):  # new work during a drain; earlier arrivals go on
                 await _discard_body(request, self._settings.server.max_request_bytes)
@@ -276,14 +271,10 @@ class EncodeRoute:
         except Exception as exc:  # noqa: BLE001 - every failure is answered by the error table
             if isinstance(exc, EncoderError):
                 exc.req_id = exc.req_id or (req_id if isinstance(req_id, str) else None)
-            response = error_response(exc, "/encode", self._gone)
-            code, kind = response.status_code, error_kind(exc)
-            return response
+            failed = exc
+            return error_response(exc, "/encode", self._gone)
         finally:
-            self._metrics.requests.labels(code=str(code)).inc()
-            if kind:
-                self._metrics.errors.labels(code=str(code), kind=kind).inc()
-            self._metrics.request_latency.observe(time.perf_counter() - started)
+            count_answer(self._metrics, failed, started)
 
 
     async def _encode_until_stopped(self, request: Request, body: Any) -> InlineAnswer | None:
@@ -369,7 +360,7 @@ def _install_probes(app: FastAPI, engine: Engine, lifecycle: Lifecycle) -> None:
         return engine.info()
 
 
-def _install_vllm(app: FastAPI, settings: EncoderSettings, engine: Engine, offload: Offload) -> None:
+def _install_vllm(app: FastAPI, settings: EncoderSettings, engine: Engine, offload: Offload, metrics: EdgeMetrics) -> None:
     """vLLM's encoder-instance contract (docs/vllm.md); off, with a 404 saying so, without a storage path."""
     face = VllmFace(settings, engine) if settings.vllm.vllm_storage_path else None
     app.state.vllm_face = face
@@ -383,9 +374,10 @@ def _install_vllm(app: FastAPI, settings: EncoderSettings, engine: Engine, offlo
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         """vLLM's EPD proxy: encode the body's media parts, store each embedding for the consumers, answer ec_transfer_params."""
-        vllm = active()
-        body = await _read_body(request, settings.server.max_request_bytes, offload)
-        return JSONResponse(await vllm.complete(body))
+        async with counted(metrics):  # counted as /encode is; what it raises goes on to the error table
+            vllm = active()
+            body = await _read_body(request, settings.server.max_request_bytes, offload)
+            return JSONResponse(await vllm.complete(body))
 
     @app.api_route("/v1/ec_cache/{identifier}", methods=["GET", "HEAD"])
     async def ec_cache(identifier: str, request: Request) -> Response:

@@ -231,6 +231,7 @@ def test_a_request_above_grpcs_default_4_mib_reaches_the_parser_and_one_above_25
 
 def test_queue_full_duplicates_cancels_and_deadlines(pod: GrpcPod):
     """MAX_QUEUE=2: two calls held (their ranks never register), then every code, and a cancel releasing its slot."""
+    counted = _edge(pod)
     held = [pod.client.encode_future(f"held-{i}", IMAGES[:1]) for i in range(2)]  # no port: waits for SchedulerReceiveUrl
     try:
         pod.wait_inflight(2)
@@ -250,6 +251,9 @@ def test_queue_full_duplicates_cancels_and_deadlines(pod: GrpcPod):
         for call in held:
             call.cancel()
     pod.wait_inflight(0)
+    # Five Encode calls: 429, 409, and three gone (two cancelled, one past its client deadline), as HTTP counts them.
+    assert _moved(pod, counted, 5) == {"429 overloaded": 1, "409 duplicate_request": 1, "499 client_gone": 3,
+                                       "all": 5, "latency": 5}
 
 
 def test_a_request_outliving_req_timeout_is_deadline_exceeded(pod: GrpcPod, sink: int):
@@ -273,11 +277,40 @@ def test_an_unreachable_receiver_and_a_bad_registration(pod: GrpcPod):
     assert code is grpc.StatusCode.INVALID_ARGUMENT and "field 'session_id'" in details  # proto3's empty string = missing
 
 
-def test_grpc_calls_are_counted_by_method_and_code(pod: GrpcPod, sink: int):
-    assert pod.client.encode("counted", IMAGES[:1], ports=[sink]) == pb.EncodeResponse()
+EDGE_SERIES = {  # what a dashboard reads, by the HTTP code every face is counted under
+    "200": ("encoder_requests_total", 'code="200"'),
+    "400": ("encoder_requests_total", 'code="400"'),
+    "400 invalid_request": ("encoder_request_errors_total", 'code="400"', 'kind="invalid_request"'),
+    "409 duplicate_request": ("encoder_request_errors_total", 'code="409"', 'kind="duplicate_request"'),
+    "429 overloaded": ("encoder_request_errors_total", 'code="429"', 'kind="overloaded"'),
+    "499 client_gone": ("encoder_request_errors_total", 'code="499"', 'kind="client_gone"'),
+    "all": ("encoder_requests_total",),
+    "latency": ("encoder_request_seconds_count",),
+    "grpc OK": ("encoder_grpc_calls_total", 'method="Encode"', 'code="OK"'),
+    "grpc INVALID_ARGUMENT": ("encoder_grpc_calls_total", 'method="Encode"', 'code="INVALID_ARGUMENT"'),
+}
+
+
+def _edge(pod: GrpcPod) -> dict[str, float]:
+    return {name: pod.server.metric(*series) for name, series in EDGE_SERIES.items()}
+
+
+def _moved(pod: GrpcPod, before: dict[str, float], total: int, timeout: float = 30) -> dict[str, float]:
+    """The series' changes since ``before``, once ``total`` more calls are counted (a cancelled call
+    is counted when the server has seen the cancel, a moment after the client's)."""
+    deadline = time.monotonic() + timeout
+    while (now := _edge(pod))["all"] < before["all"] + total and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return {name: now[name] - before[name] for name in now if now[name] != before[name]}
+
+
+def test_grpc_calls_are_counted_by_method_and_code_and_in_the_edge_series_as_http(pod: GrpcPod, sink: int):
+    """A success and a bad request each move the dashboard's series by exactly one, under /encode's codes."""
+    before = _edge(pod)
+    assert pod.client.encode("counted", IMAGES[:2], ports=[sink]) == pb.EncodeResponse()
     failure(lambda: pod.client.encode("", IMAGES[:1], ports=[sink]))
-    assert pod.server.metric("encoder_grpc_calls_total", 'method="Encode"', 'code="INVALID_ARGUMENT"') >= 1
-    assert pod.server.metric("encoder_grpc_calls_total", 'method="Encode"', 'code="OK"') >= 1
+    assert _moved(pod, before, 2) == {"200": 1, "400": 1, "400 invalid_request": 1, "all": 2, "latency": 2,
+                                      "grpc OK": 1, "grpc INVALID_ARGUMENT": 1}
 
 
 # --- mooncake: Encode answers the sizes, Send writes the buffer ------------------------------------------

@@ -163,6 +163,27 @@ def test_refusals_name_the_field_and_spare_their_neighbours(server: EncoderServe
         assert words in resp.json()["message"], (words, resp.json()["message"])
 
 
+EDGE_SERIES = {  # what a dashboard reads: one count per chat request, whatever its items
+    "200": ("encoder_requests_total", 'code="200"'),
+    "400": ("encoder_requests_total", 'code="400"'),
+    "400 invalid_request": ("encoder_request_errors_total", 'code="400"', 'kind="invalid_request"'),
+    "all": ("encoder_requests_total",),
+    "all errors": ("encoder_request_errors_total",),
+    "latency": ("encoder_request_seconds_count",),
+}
+
+
+def test_each_chat_request_moves_the_edge_series_by_one_as_an_encode_does(server: EncoderServer):
+    """A success (two images, one /encode inside) and a 400: each is one answer under /encode's codes."""
+    before = {name: server.metric(*series) for name, series in EDGE_SERIES.items()}
+    ok = post(server, chat(image_part(png_data_uri(40, 40, seed=21)), image_part(png_data_uri(32, 56, seed=22), "counted")))
+    bad = post(server, chat(image_part(png_data_uri(32, 32)), {"type": "image_url"}))
+    assert (ok.status_code, bad.status_code) == (200, 400), (ok.text, bad.text)
+    after = {name: server.metric(*series) for name, series in EDGE_SERIES.items()}
+    moved = {name: after[name] - before[name] for name in after if after[name] != before[name]}
+    assert moved == {"200": 1, "400": 1, "400 invalid_request": 1, "all": 2, "all errors": 1, "latency": 2}
+
+
 def test_data_parallel_workers_store_the_same_files(tiny_model, server: EncoderServer, store: Path, tmp_path: Path):
     body = chat(image_part(png_data_uri(64, 40, seed=9), "dp-a"), image_part(uri(CORPUS["p-trns-png-0"])))
     single = post(server, body)
