@@ -34,6 +34,7 @@ from encoder_pod.errors import (
     RequestTimeout,
     ShuttingDown,
 )
+from encoder_pod.facts import ModelFacts, ReplicaReport
 from encoder_pod.allocator import tune_host_allocator
 from encoder_pod.media.decode import decode_item
 from encoder_pod.media.sources import MediaSources
@@ -114,7 +115,7 @@ class EncoderRuntime:
             self.step = LoadStep.WARMING_UP
             await asyncio.to_thread(adapter.warmup)
             if self._cache.enabled:
-                self._namespace = await asyncio.to_thread(model_namespace, adapter.info(), self.settings)
+                self._namespace = await asyncio.to_thread(model_namespace, adapter.facts().to_json(), self.settings)
                 self._cache.store.bind(self._namespace)  # another model than before: emptied
         except Exception as exc:  # noqa: BLE001 - any load failure is reported, never raised
             self.state, self.step, self.load_error = ReplicaState.FAILED, None, f"{type(exc).__name__}: {exc}"
@@ -432,15 +433,29 @@ class EncoderRuntime:
         if self._scheduler is not None:
             self.metrics.queue_depth.set(self._scheduler.depth)
 
+    def model_facts(self) -> ModelFacts | None:
+        """The loaded model's facts (None until it is loaded)."""
+        return self.adapter.facts() if self.adapter else None
+
+    def report(self) -> ReplicaReport:
+        """What this replica tells a data-parallel front in its heartbeat (and /server_info shows)."""
+        return ReplicaReport(
+            queue_depth=self._scheduler.depth if self._scheduler else 0,
+            inflight=self._admission.in_flight,
+            model=self.model_facts(),
+            cache=self._cache.facts(),
+        )
+
     def info(self) -> dict[str, Any]:
         """What /server_info shows."""
+        report = self.report()
         return {
             "state": self.state.value,
             "load_error": self.load_error,
-            "model": self.adapter.info() if self.adapter else None,
-            "queue_depth": self._scheduler.depth if self._scheduler else 0,
-            "inflight": self._admission.in_flight,
-            "cache": self._cache.info(),
+            "model": report.model.to_json() if report.model else None,
+            "queue_depth": report.queue_depth,
+            "inflight": report.inflight,
+            "cache": report.cache.to_json(),
             "health": self.readiness.describe(),
             "uptime_s": round(time.time() - self.started_at, 3),
             "settings": self.settings.masked(),

@@ -6,6 +6,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
+from encoder_pod.facts import ModelFacts
 from encoder_pod.transfer.inline import InlineAnswer
 
 
@@ -38,6 +39,9 @@ class Engine(Protocol):
 
     def info(self) -> dict[str, Any]:
         """/server_info body."""
+
+    def model_facts(self) -> ModelFacts | None:
+        """The served model's facts (None while it loads)."""
 
     async def start_profile(self, options: dict[str, Any]) -> dict[str, Any]:
         """Start profiling."""

@@ -72,19 +72,19 @@ class VllmFace:
         self._exec.shutdown(wait=False, cancel_futures=True)
 
     def _family(self, chat: ChatRequest) -> tuple[str, VllmFamily, str]:
-        model = self._engine.info().get("model")
-        if not model:
+        model = self._engine.model_facts()
+        if model is None:
             raise NotReady("model is still loading")
-        name = str(model.get("family"))
+        name = model.family
         family = VLLM_FAMILIES.get(name)
         if family is None:
             raise InvalidRequest(f"this pod serves {name}, which no vLLM EPD consumer splices in: /v1/chat/completions serves "
                                  f"{', '.join(sorted(VLLM_FAMILIES))}")
-        takes = set(model.get("modalities") or ())
+        takes = {m.value for m in model.modalities}
         for item in chat.items:
             if MODALITY[item.modality] not in takes:
                 raise InvalidRequest(f"field '{item.field}': {name} takes no {item.modality} items ({', '.join(sorted(takes))} only)")
-        return name, family, str(model.get("dtype"))
+        return name, family, model.dtype
 
     async def complete(self, body: Any) -> dict[str, Any]:
         """Encode and publish every media item of ``body``; the chat answer with ``ec_transfer_params``."""

@@ -33,6 +33,7 @@ from encoder_pod.cache.entries import CachedItem, join_items, split_part
 from encoder_pod.cache.metrics import CacheMetrics
 from encoder_pod.cache.store import EmbeddingStore
 from encoder_pod.errors import EncoderError, InvalidRequest, ItemError
+from encoder_pod.facts import CacheFacts
 from encoder_pod.models.base import EncodedPart
 
 Compute = Callable[[list[int]], Awaitable[EncodedPart]]
@@ -230,17 +231,18 @@ class ItemCache:
             if computation.interest <= 0 and computation.task is not None and not computation.task.done():
                 computation.task.cancel()
 
-    def info(self) -> dict[str, object]:
+    def facts(self) -> CacheFacts:
         """What /server_info shows: budget, fill, counters."""
-        store = self.store
-        return {
-            "enabled": self.enabled,
-            "budget_bytes": store.budget_bytes,
-            "bytes": store.bytes,
-            "fill": round(store.bytes / store.budget_bytes, 4) if store.budget_bytes else 0.0,
-            "entries": len(store),
-            "in_flight": self.in_flight,
-            "evictions": store.stats.evictions,
-            "refused_too_large": store.stats.refused,
-            **self.metrics.counts,
-        }
+        store, counts = self.store, self.metrics.counts
+        return CacheFacts(
+            enabled=self.enabled,
+            budget_bytes=store.budget_bytes,
+            bytes=store.bytes,
+            entries=len(store),
+            in_flight=self.in_flight,
+            evictions=store.stats.evictions,
+            refused_too_large=store.stats.refused,
+            hits=counts["hits"],
+            misses=counts["misses"],
+            single_flight_waits=counts["single_flight_waits"],
+        )

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Protocol, Sequence
 import torch
 
 from encoder_pod.errors import SliceMismatch
+from encoder_pod.facts import ModelFacts
 from encoder_pod.modality import Modality
 from encoder_pod.models.checkpoint import Checkpoint, read_config
 from encoder_pod.models.hub import hub_origin
@@ -39,6 +40,10 @@ __all__ = [
     "slice_output",
     "warm_up",
 ]
+
+
+_TYPED_FACTS = frozenset({"family", "modalities", "dtype", "hidden_size"})
+"""The facts of :meth:`BaseAdapter.info` that :class:`ModelFacts` carries as fields."""
 
 
 @dataclass(frozen=True)
@@ -157,8 +162,8 @@ class EncoderAdapter(Protocol):
         """Width of one output row."""
         ...
 
-    def info(self) -> dict[str, Any]:
-        """What /server_info shows about the model."""
+    def facts(self) -> ModelFacts:
+        """What serving and /server_info know of the model (typed; the family's own facts as details)."""
         ...
 
 
@@ -236,8 +241,18 @@ class BaseAdapter(ABC):
         """What one output row holds, left to right (``merger`` then ``deepstack_<k>`` for Qwen3-VL)."""
         return ["rows"]
 
+    def facts(self) -> ModelFacts:
+        """As :meth:`EncoderAdapter.facts`: the typed facts, and every other fact of :meth:`info` as details."""
+        return ModelFacts(
+            family=self.name,
+            modalities=tuple(sorted(self.modalities, key=lambda m: m.value)),
+            dtype=str(self.dtype).removeprefix("torch."),
+            hidden_size=self.hidden_size,
+            details={k: v for k, v in self.info().items() if k not in _TYPED_FACTS},
+        )
+
     def info(self) -> dict[str, Any]:
-        """What /server_info shows about the model."""
+        """Every fact /server_info shows about the model (subclasses add their family's)."""
         weights = self.weights.as_dict() if self.weights is not None else None
         return {
             "arch": self.name,

@@ -36,6 +36,7 @@ from encoder_pod.errors import (
     WorkerDied,
 )
 from encoder_pod.metrics import render
+from encoder_pod.facts import ModelFacts, ReplicaReport
 from encoder_pod.offload import Offload
 from encoder_pod.parallel.affinity import ReqAffinity
 from encoder_pod.parallel.calls import Calls
@@ -407,22 +408,32 @@ class DataParallelFront:
             return FrontState.LOADING
         return FrontState.DEGRADED
 
+    def _reports(self) -> list[ReplicaReport]:
+        """Each rank's last report of itself (ranks not heard from yet left out)."""
+        handles = self._supervisor.handles if self._supervisor else []
+        return [h.current.report for h in handles if h.current is not None and h.current.report is not None]
+
+    def model_facts(self) -> ModelFacts | None:
+        """The model the workers serve (every rank loads the same): the first that reported it."""
+        return next((r.model for r in self._reports() if r.model is not None), None)
+
     def info(self) -> dict[str, Any]:
         """/server_info: the pod's state, then one entry per worker."""
         handles = self._supervisor.handles if self._supervisor else []
         workers = [h.describe(self._router) for h in handles]
         failed = [h for h in handles if h.state is RankState.FAILED or (h.last_error and h.state is not RankState.READY)]
-        model = next((w["model"] for w in workers if w["model"]), None)
+        model = self.model_facts()
+        reports = self._reports()
         return {
             "state": self._state(handles).value if handles else FrontState.LOADING.value,
             "load_error": (f"worker {failed[0].rank}: {failed[0].last_error or failed[0].last_exit}" if failed else None),
             "mode": "tensor_parallel" if self.settings.parallel.tp_size > 1 else "data_parallel",
             "dp_size": self.settings.parallel.dp_size,
             "tp_size": self.settings.parallel.tp_size,
-            "model": model,
-            "queue_depth": self._router.waiting + sum(w["queue_depth"] for w in workers),
+            "model": model.to_json() if model is not None else None,
+            "queue_depth": self._router.waiting + sum(r.queue_depth for r in reports),
             "inflight": self._admission.in_flight,
-            "cache": pod_cache_info((w["cache"] for w in workers), self._keys),
+            "cache": pod_cache_info([r.cache for r in reports], self._keys),
             "uptime_s": round(time.time() - self.started_at, 3),
             "ipc_dir": str(self._ipc.path) if self._ipc else None,
             "workers": workers,

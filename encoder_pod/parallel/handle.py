@@ -21,6 +21,7 @@ from typing import Any, Callable
 import zmq
 
 from encoder_pod.errors import NotReady, WorkerDied
+from encoder_pod.facts import ReplicaReport
 from encoder_pod.parallel.messages import Frame, MetricFamily
 from encoder_pod.parallel.placement import Placement
 from encoder_pod.parallel.router import Router
@@ -56,7 +57,8 @@ class Incarnation:
     ready_at: float | None = None
     replica: ReplicaState = ReplicaState.LOADING
     step: LoadStep | None = LoadStep.IMPORTING
-    info: dict[str, Any] | None = None
+    report: ReplicaReport | None = None
+    """What its replica last reported of itself."""
     metrics: tuple[MetricFamily, ...] | None = None
     """Its replica's metric families, as its last heartbeat carried them (forgotten at its exit)."""
     healthy: bool = False
@@ -144,7 +146,8 @@ class WorkerRecord:
         """This rank in /server_info."""
         now = time.monotonic()
         inc = self.current
-        info = (inc.info if inc is not None else None) or {}
+        report = inc.report if inc is not None else None
+        model = report.model if report is not None else None
         restarting = self.state is RankState.RESTARTING and self.restart_at
         return {
             "rank": self.rank,
@@ -159,12 +162,12 @@ class WorkerRecord:
             "heartbeat_s_ago": round(now - inc.last_seen, 2) if inc is not None and inc.heard_from else None,
             "pending": router.pending[self.rank],
             "routed": router.routed[self.rank],
-            "queue_depth": info.get("queue_depth", 0),
+            "queue_depth": report.queue_depth if report is not None else 0,
             "deaths": self.deaths,
             "restarts": self.restarts,
             "failed_starts": self.failed_starts,
             "last_exit": self.last_exit,
             "load_error": self.last_error,
-            "model": info.get("model"),
-            "cache": info.get("cache"),
+            "model": model.to_json() if model is not None else None,
+            "cache": report.cache.to_json() if report is not None else None,
         }

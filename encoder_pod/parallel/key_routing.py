@@ -17,10 +17,11 @@ request, so it can remember exactly, and keep routing misses by load.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Sequence
 
 from prometheus_client import CollectorRegistry, Counter
 
+from encoder_pod.facts import CacheFacts
 from encoder_pod.protocol import EncodeRequest
 from encoder_pod.rendezvous import affinity_key
 
@@ -72,15 +73,17 @@ class KeyRouting:
             self._ranks.popitem(last=False)
 
 
-def pod_cache_info(workers: Iterable[Mapping[str, Any] | None], routing: KeyRouting | None) -> dict[str, Any]:
-    """/server_info's pod-wide cache: every worker's budget and fill summed, and the directory size."""
-    caches = [w for w in workers if w]
-    total = {name: sum(int(c.get(name, 0)) for c in caches) for name in ("budget_bytes", "bytes", "entries", "hits", "misses")}
-    budget = total["budget_bytes"]
+def pod_cache_info(caches: Sequence[CacheFacts], routing: KeyRouting | None) -> dict[str, Any]:
+    """/server_info's pod-wide cache: every reporting worker's budget, fill and counters summed, and the directory size."""
+    budget, held = sum(c.budget_bytes for c in caches), sum(c.bytes for c in caches)
     return {
         "enabled": routing is not None,
-        **total,
-        "fill": round(total["bytes"] / budget, 4) if budget else 0.0,
+        "budget_bytes": budget,
+        "bytes": held,
+        "entries": sum(c.entries for c in caches),
+        "hits": sum(c.hits for c in caches),
+        "misses": sum(c.misses for c in caches),
+        "fill": round(held / budget, 4) if budget else 0.0,
         "workers_reporting": len(caches),
         "routing_keys": len(routing) if routing is not None else 0,
     }

@@ -24,6 +24,7 @@ from typing import Any, Callable, ClassVar, NamedTuple, Sequence
 import msgpack
 
 from encoder_pod.errors import EncoderError, ErrorKind, InternalError
+from encoder_pod.facts import ReplicaReport
 from encoder_pod.modality import Modality
 from encoder_pod.protocol import EncodeRequest, ItemSpec
 from encoder_pod.readiness import LoadStep, ReplicaState
@@ -31,7 +32,7 @@ from encoder_pod.readiness import LoadStep, ReplicaState
 Frame = bytes | bytearray | memoryview
 """One raw frame of a multipart message."""
 
-WIRE_VERSION = 5
+WIRE_VERSION = 6
 """Bumped on any change of a struct; both ends are one install, so a mismatch is a bug."""
 
 
@@ -159,12 +160,13 @@ def families_from_wire(raw: Any) -> tuple[MetricFamily, ...]:
 
 @dataclass(frozen=True)
 class Status:
-    """Worker -> front: a heartbeat with the worker's state, load progress, info and metrics."""
+    """Worker -> front: a heartbeat with the worker's state, load progress, report and metrics."""
 
     KIND: ClassVar[MsgKind] = MsgKind.STATUS
     _DECODE: ClassVar[dict[str, Callable[[Any], Any]]] = {
-        "state": ReplicaState, "step": LoadStep, "metrics": families_from_wire,
+        "state": ReplicaState, "step": LoadStep, "report": ReplicaReport.from_wire, "metrics": families_from_wire,
     }
+    _ENCODE: ClassVar[dict[str, Callable[[Any], Any]]] = {"report": ReplicaReport.to_wire}
     rank: int
     generation: int
     pid: int
@@ -173,7 +175,8 @@ class Status:
     """What a LOADING replica is doing (None otherwise)."""
     elapsed_s: float
     error: str | None = None
-    info: dict[str, Any] | None = None
+    report: ReplicaReport | None = None
+    """What the replica reports of itself (None until its runtime exists)."""
     metrics: tuple[MetricFamily, ...] | None = None
     """Every family of the replica's registry, collected at this heartbeat."""
     healthy: bool = False
@@ -233,8 +236,11 @@ _STRUCTS: dict[MsgKind, type[Any]] = {
 def pack(msg: Message, *frames: Frame) -> list[Frame]:
     """The multipart frames of ``msg`` followed by raw ``frames``."""
     fields: dict[str, Any] = {"v": WIRE_VERSION, "k": int(msg.KIND)}
+    encoders = getattr(msg, "_ENCODE", {})
     for f in dataclasses.fields(msg):
         value = getattr(msg, f.name)
+        if value is not None and f.name in encoders:
+            value = encoders[f.name](value)
         fields[f.name] = value.value if isinstance(value, Enum) else value
     return [msgpack.packb(fields, use_bin_type=True), *frames]
 
@@ -265,7 +271,7 @@ def unpack(frames: Sequence[Frame]) -> tuple[Message, list[Frame]]:
                 continue
             raw = fields[f.name]
             values[f.name] = decoders[f.name](raw) if f.name in decoders and raw is not None else raw
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, KeyError) as exc:
         raise ProtocolError(f"{cls.__name__}: {exc}") from None
     return cls(**values), list(frames[1:])
 

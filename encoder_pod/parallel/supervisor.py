@@ -162,7 +162,7 @@ class Supervisor:
 
     # --- what the workers report ----------------------------------------------------------
     def on_status(self, msg: Status) -> None:
-        """A worker's heartbeat: state changes, load progress, info and metrics."""
+        """A worker's heartbeat: state changes, load progress, its report and metrics."""
         if not 0 <= msg.rank < len(self.handles):
             log.error("status from unknown rank %d", msg.rank)
             return
@@ -173,7 +173,7 @@ class Supervisor:
         inc.last_seen, inc.heard_from = time.monotonic(), True
         inc.replica, inc.step = msg.state, msg.step
         inc.healthy, inc.health_error, inc.stalled = msg.healthy, msg.health_error, msg.stalled
-        inc.info = msg.info if msg.info is not None else inc.info
+        inc.report = msg.report if msg.report is not None else inc.report
         if msg.error:
             handle.last_error = msg.error
         if handle.state not in (RankState.STARTING, RankState.READY):

@@ -5,8 +5,9 @@ is undefined behaviour). Its only argument is a JSON string, so nothing rich is 
 pinning (``CUDA_VISIBLE_DEVICES``) and thread counts are set before torch is imported.
 
 The worker reads typed messages from its own inbox and pushes answers, plus a heartbeat with its
-state, load progress, info and metrics, to the front's shared results socket. Embeddings for
-prefill servers leave through the runtime's transfer backends, straight from here.
+state, load progress, typed report (``encoder_pod.facts``) and metric families, to the front's
+shared results socket. Embeddings for prefill servers leave through the runtime's transfer
+backends, straight from here.
 """
 
 from __future__ import annotations
@@ -287,12 +288,11 @@ class WorkerServer:
         rt = self.runtime
         state: ReplicaState = ReplicaState.LOADING
         step: LoadStep | None = LoadStep.IMPORTING
-        info = metrics = error = None
+        report = metrics = error = None
         health_error: str | None = "model is still loading"
         if rt is not None:
             state, step, error = rt.state, rt.step, rt.load_error
-            info = rt.info()
-            info.pop("settings", None)  # the front shows the settings once
+            report = rt.report()
             metrics = sample_families(rt.metric_families())
             not_ready = rt.not_ready()
             health_error = not_ready.message if not_ready is not None else None
@@ -307,7 +307,7 @@ class WorkerServer:
             step=step,
             elapsed_s=round(time.monotonic() - self._started, 3),
             error=error,
-            info=info,
+            report=report,
             metrics=metrics,
             healthy=health_error is None,
             health_error=health_error,

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -36,6 +37,7 @@ import torch
 import encoder_pod
 from encoder_pod.errors import InvalidRequest
 from encoder_pod.exitcodes import ExitCode
+from encoder_pod.facts import ModelFacts, TensorParallelFacts
 from encoder_pod.modality import Modality
 from encoder_pod.models.base import BaseAdapter, EncodedPart, MediaItem, PreparedBatch, warm_up
 from encoder_pod.parallel.tensor.beats import BeatReader
@@ -277,14 +279,9 @@ class TensorParallelGroup:
         self._seq += 1
         self._channel.send(Header(Op.STOP, self._seq), {})
 
-    def describe(self) -> dict[str, Any]:
+    def facts(self) -> TensorParallelFacts:
         """The group in /server_info."""
-        return {
-            "tp_size": self.settings.parallel.tp_size,
-            "label": self.label,
-            "follower_pids": [p.pid for p in self._followers],
-            "steps": self._seq,
-        }
+        return TensorParallelFacts(self.settings.parallel.tp_size, self.label, tuple(p.pid for p in self._followers), self._seq)
 
 
 class GroupProfiler:
@@ -367,6 +364,6 @@ class TensorParallelAdapter:
         """As the wrapped adapter."""
         return self.inner.hidden_size
 
-    def info(self) -> dict[str, Any]:
-        """The wrapped adapter's info plus the group."""
-        return {**self.inner.info(), "tensor_parallel": self.group.describe()}
+    def facts(self) -> ModelFacts:
+        """The wrapped adapter's facts plus the group."""
+        return replace(self.inner.facts(), tensor_parallel=self.group.facts())

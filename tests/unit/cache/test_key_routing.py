@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
+from encoder_pod.facts import CacheFacts
 from encoder_pod.parallel.key_routing import KeyRouting, pod_cache_info
 from encoder_pod.parallel.router import Router
 
@@ -41,6 +42,9 @@ def test_take_free_respects_readiness_limits_and_waiters():
 
 
 def test_pod_cache_info_sums_the_workers():
-    info = pod_cache_info([{"budget_bytes": 100, "bytes": 30, "entries": 2, "hits": 5, "misses": 2}, None,
-                           {"budget_bytes": 100, "bytes": 20, "entries": 1, "hits": 1, "misses": 1}], KeyRouting(CollectorRegistry()))
+    def cache(held: int, entries: int, hits: int) -> CacheFacts:
+        return CacheFacts(True, 100, held, entries, 0, 0, 0, hits, 1, 0)
+
+    info = pod_cache_info([cache(30, 2, 5), cache(20, 1, 1)], KeyRouting(CollectorRegistry()))
     assert info["budget_bytes"] == 200 and info["bytes"] == 50 and info["fill"] == 0.25 and info["workers_reporting"] == 2
+    assert info["entries"] == 3 and info["hits"] == 6 and info["misses"] == 2

@@ -122,6 +122,9 @@ def test_health_item_warmup_and_info(arch, tiny_adapter):
     served = ["IMAGE", "VIDEO"] if arch.startswith("qwen") else ["IMAGE"]  # Qwen2-VL towers take clips too
     assert (info["arch"], info["modalities"], info["dtype"]) == (arch, served, "float32")
     assert info["hidden_size"] == adapter.hidden_size > 0
+    facts = adapter.facts()  # what serving reads, typed; /server_info renders exactly the info above
+    assert (facts.family, facts.modalities, facts.dtype, facts.hidden_size) == (arch, tuple(map(Modality, served)), "float32", adapter.hidden_size)
+    assert facts.to_json() == info and "family" not in facts.details
     with pytest.raises(ValueError):
         adapter.health_item(Modality.AUDIO)
 

@@ -6,6 +6,8 @@ import msgpack
 import pytest
 
 from encoder_pod.errors import ErrorKind, RequestTimeout, WorkerDied
+from encoder_pod.facts import CacheFacts, ModelFacts, ReplicaReport, TensorParallelFacts
+from encoder_pod.modality import Modality
 from encoder_pod.parallel.messages import (
     WIRE_VERSION,
     Call,
@@ -77,6 +79,24 @@ def test_enums_come_back_typed():
     assert status.step is None
     loading, _ = unpack(pack(Status(0, 1, 123, ReplicaState.LOADING, LoadStep.WARMING_UP, 0.5)))
     assert isinstance(loading, Status) and loading.step is LoadStep.WARMING_UP
+
+
+def test_replica_report_comes_back_typed():
+    tp = TensorParallelFacts(2, "dp0", (41, 42), 7)
+    model = ModelFacts("qwen2_vl", (Modality.IMAGE, Modality.VIDEO), "bfloat16", 64, {"layout": "full", "weights": {"n": 1}}, tp)
+    cache = CacheFacts(True, 100, 30, 2, 0, 1, 0, 5, 2, 0)
+    report = ReplicaReport(queue_depth=3, inflight=4, model=model, cache=cache)
+    status, _ = unpack(pack(Status(0, 1, 123, ReplicaState.READY, None, 1.5, report=report)))
+    assert isinstance(status, Status) and status.report == report
+    assert status.report.model is not None and status.report.model.modalities[0] is Modality.IMAGE
+    assert status.report.model.to_json()["tensor_parallel"] == {"tp_size": 2, "label": "dp0", "follower_pids": [41, 42], "steps": 7}
+    assert status.report.cache.to_json()["fill"] == 0.3
+    bare, _ = unpack(pack(Status(0, 1, 123, ReplicaState.LOADING, LoadStep.IMPORTING, 0.1, report=ReplicaReport(0, 0, None, cache))))
+    assert isinstance(bare, Status) and bare.report is not None and bare.report.model is None
+    fields = msgpack.unpackb(pack(Status(0, 1, 123, ReplicaState.READY, None, 1.5, report=report))[0])
+    del fields["report"]["model"]["family"]
+    with pytest.raises(ProtocolError, match="Status"):
+        unpack([msgpack.packb(fields)])
 
 
 @pytest.mark.parametrize(
