@@ -4,7 +4,7 @@ The one place where errors become exit codes (:class:`~encoder_pod.exitcodes.Exi
 setting is ``BAD_SETTINGS`` (2), a model path without a checkpoint (or a hub id that cannot be
 resolved) ``MODEL_LOAD_FAILED`` (3), and so is a checkpoint no path of this pod can serve (an unknown
 architecture, remote code only, a processor that needs torchvision): refused before the server
-starts, never left up unready.
+starts, never left up unready; or one the generic path fails to load (the server stops at once).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from encoder_pod.exitcodes import ExitCode
 from encoder_pod.models.families import default_registry  # no torch: config.json facts only
@@ -100,6 +101,24 @@ def _refuse_unservable(settings: EncoderSettings) -> None:
         raise refused
 
 
+def _exit_now(message: str, code: ExitCode) -> NoReturn:
+    """Print ``message`` as the process's last line and exit with ``code``, skipping interpreter teardown.
+
+    Once a model was loaded, the teardown prints native extensions' leak reports (nanobind's, for
+    triton's types) after anything printed here, and the kubelet quotes a failed container's last
+    lines as its termination message: they must be this one. Nothing is left to clean up (the
+    server and the engine have stopped), so nothing is lost by not tearing down.
+    """
+    import logging
+    import os
+
+    logging.shutdown()
+    print(message, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from encoder_pod.models.servable import CheckpointRefused
 
@@ -108,7 +127,10 @@ def _serve(args: argparse.Namespace) -> int:
         _refuse_unservable(settings)  # at once: not after a background load that leaves the pod unready
         from encoder_pod.server import serve
 
-        serve(settings)  # builds the engine first: a model the settings cannot serve is refused there
+        try:
+            serve(settings)  # builds the engine first: a model the settings cannot serve is refused there
+        except CheckpointRefused as exc:  # the load refused it: the server has stopped
+            _exit_now(f"encoder-pod: model load failed: {exc}", ExitCode.MODEL_LOAD_FAILED)
     except (ModelPathError, CheckpointRefused) as exc:
         print(f"encoder-pod: model load failed: {exc}", file=sys.stderr)
         return ExitCode.MODEL_LOAD_FAILED

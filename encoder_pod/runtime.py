@@ -42,6 +42,7 @@ from encoder_pod.metrics import ReplicaMetrics
 from encoder_pod.models.base import EncodedPart, EncoderAdapter, MediaItem
 from encoder_pod.modality import Modality
 from encoder_pod.models.registry import AdapterLoader, load_adapter
+from encoder_pod.models.servable import CheckpointRefused
 from encoder_pod.offload import freeze_startup_objects
 from encoder_pod.profiling import Profiler, TorchProfiler
 from encoder_pod.protocol import EncodeRequest, ItemSpec, parse_encode_request
@@ -55,6 +56,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+OnRefused = Callable[[CheckpointRefused], None]
+"""Called (on the event loop) when the load found that this pod cannot serve the checkpoint."""
+
 class EncoderRuntime:
     """Everything one model replica needs to answer /encode, minus the transport."""
 
@@ -66,7 +70,10 @@ class EncoderRuntime:
         adapter_loader: AdapterLoader = load_adapter,
         transfer: TransferRouter | None = None,
         profiler: Profiler | None = None,
+        on_refused: OnRefused | None = None,
     ) -> None:
+        """``on_refused``: what to do when the load raises :class:`CheckpointRefused` (the pod's
+        server stops and exits ``MODEL_LOAD_FAILED``); without it the replica stays FAILED."""
         self.settings = settings
         self.metrics = metrics or ReplicaMetrics()
         self.state = ReplicaState.LOADING
@@ -75,6 +82,7 @@ class EncoderRuntime:
         self.load_error: str | None = None
         self.adapter: EncoderAdapter | None = None
         self._loader = adapter_loader
+        self._on_refused = on_refused
         self._transfer = transfer or TransferRouter(
             settings.transfer, max_registrations=settings.admission.max_queue, bind_host=settings.server.host,
         )
@@ -120,6 +128,8 @@ class EncoderRuntime:
         except Exception as exc:  # noqa: BLE001 - any load failure is reported, never raised
             self.state, self.step, self.load_error = ReplicaState.FAILED, None, f"{type(exc).__name__}: {exc}"
             log.error("model load failed: %s", self.load_error)
+            if isinstance(exc, CheckpointRefused) and self._on_refused is not None:
+                self._on_refused(exc)
             return
         freeze_startup_objects()  # before serving: a full GC pass over the model stack would stall the loop
         self.readiness.success.record()  # the warmup was a real encode of the health item, all four stages

@@ -6,6 +6,11 @@ with it every connection the kernel had queued. Here are only the parts of the d
 uvicorn: the signal handlers, and the listener and connections closed as the drain says
 (:class:`_Server` is its :class:`~encoder_pod.drain.Listener`). When the drain is over, uvicorn
 shuts down as usual (nothing is left for it to close), the engine stops and the process exits 0.
+
+A load that finds the checkpoint unservable (:class:`~encoder_pod.models.servable.CheckpointRefused`,
+raised by the generic path) stops uvicorn the same way and :func:`serve` raises it, so the CLI
+exits ``MODEL_LOAD_FAILED`` naming the model type and the reason rather than the pod staying up
+unready. (Single process; a data-parallel front counts its workers' failed starts instead.)
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import uvicorn
 
@@ -33,6 +38,7 @@ from encoder_pod.api.lifecycle import Lifecycle, check_ready
 from encoder_pod.drain import Drain, DrainHook
 from encoder_pod.discovery.registrar import Registrar, advertised_url
 from encoder_pod.errors import EncoderError
+from encoder_pod.models.servable import CheckpointRefused
 from encoder_pod.settings import EncoderSettings
 from encoder_pod.transfer.mooncake_engine import local_ip
 
@@ -51,15 +57,16 @@ ACCEPT_QUEUE_S = 2.0
 """Longest :meth:`_Server.stop_accepting` waits for the event loop to accept what the kernel queued."""
 
 
-def build_engine(settings: EncoderSettings) -> Engine:
-    """One runtime in this process, or the data-parallel front over worker processes."""
+def build_engine(settings: EncoderSettings, on_refused: Callable[[CheckpointRefused], None] | None = None) -> Engine:
+    """One runtime in this process (``on_refused`` is its :data:`~encoder_pod.runtime.OnRefused`),
+    or the data-parallel front over worker processes."""
     if settings.parallel.dp_size > 1 or settings.parallel.tp_size > 1:
         from encoder_pod.parallel.front import DataParallelFront
 
         return DataParallelFront(settings)
     from encoder_pod.runtime import EncoderRuntime
 
-    return EncoderRuntime(settings)
+    return EncoderRuntime(settings, on_refused=on_refused)
 
 
 def _complete_no_handshake(sock: Any) -> bool:
@@ -88,6 +95,8 @@ class _Server(uvicorn.Server):
         self._drain = drain
         self._registrar = registrar
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.refused: CheckpointRefused | None = None
+        """Set by :meth:`refuse`: why the model cannot be served (:func:`serve` raises it once stopped)."""
 
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets)
@@ -123,6 +132,12 @@ class _Server(uvicorn.Server):
             return
         self._loop.call_soon_threadsafe(self._drain.on_signal, sig, self, self._drained)
 
+    def refuse(self, exc: CheckpointRefused) -> None:
+        """The load refused the checkpoint (called on the event loop): stop now, nothing was admitted."""
+        self.refused = exc
+        self.config.timeout_graceful_shutdown = 1  # a client's idle keep-alive connection does not hold the exit
+        self.should_exit = True
+
     def _drained(self) -> None:
         # uvicorn's own shutdown finds no listener and no connection left; it stops the app (the engine).
         self.config.timeout_graceful_shutdown = 1
@@ -154,12 +169,17 @@ class _Server(uvicorn.Server):
 
 
 def serve(settings: EncoderSettings, drain_hooks: Sequence[DrainHook] = ()) -> None:
-    """Serve until SIGTERM/SIGINT, then drain (see the module docstring) and return."""
+    """Serve until SIGTERM/SIGINT, then drain (see the module docstring) and return; raises
+    :class:`~encoder_pod.models.servable.CheckpointRefused` when the load refused the checkpoint."""
     logging.basicConfig(
         level=settings.observability.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     log.info("effective settings: %s", settings.masked())
-    engine = build_engine(settings)
+
+    def refuse(exc: CheckpointRefused) -> None:
+        server.refuse(exc)  # the load runs only once the server below runs
+
+    engine = build_engine(settings, refuse)
     lifecycle = Lifecycle()
     app = create_app(settings, engine, lifecycle)
     registrar = None
@@ -182,4 +202,7 @@ def serve(settings: EncoderSettings, drain_hooks: Sequence[DrainHook] = ()) -> N
     )
     hooks = [registrar.withdraw, *drain_hooks] if registrar is not None else list(drain_hooks)  # unregister first
     drain = Drain(lifecycle, engine, settings.drain_timeout_s(), hooks)
-    _Server(config, engine, drain, registrar).run()
+    server = _Server(config, engine, drain, registrar)
+    server.run()
+    if server.refused is not None:
+        raise server.refused

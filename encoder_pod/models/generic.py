@@ -17,6 +17,11 @@ No family code: the model's own class, processor and feature method do the work.
   with one image placeholder per item, and the image token's occurrences in each text row are
   that item's rows. Loading encodes one image and refuses a checkpoint whose feature rows do not
   add up to the placeholders.
+- **Failures.** Whatever fails while loading or warming up (a part that cannot be built, a
+  tensor missing from the shards, a processor that cannot be opened, rows that do not add up) is
+  raised as :class:`~encoder_pod.models.servable.CheckpointRefused` naming the model type and
+  the reason: the pod exits with ``MODEL_LOAD_FAILED`` (3), as when the start-up check refuses a
+  checkpoint, instead of staying up unready.
 - **Batching.** One processor call and one feature call for every item of the batch, where the
   processor's outputs concatenate; where they do not (ragged outputs), one call per item.
 
@@ -29,8 +34,9 @@ from __future__ import annotations
 
 import inspect
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -40,7 +46,7 @@ from encoder_pod.modality import Modality
 from encoder_pod.models.base import BaseAdapter, MediaItem, PreparedBatch
 from encoder_pod.models.checkpoint import Checkpoint, Layout
 from encoder_pod.models.parts import FullCheckpoint, PartModule, new_parameter, plan_keys
-from encoder_pod.models.servable import model_class
+from encoder_pod.models.servable import CheckpointRefused, model_class
 from encoder_pod.models.vision import flatten, health_image, image_size
 from encoder_pod.models.weights import CheckpointError
 
@@ -143,8 +149,28 @@ class GenericAdapter(BaseAdapter):
             meta = meta_model(full, config)
         return plan_keys(full, config, keys, encoder_part_paths(meta), meta=meta).keys()
 
+    @contextmanager
+    def _refusing(self) -> Iterator[None]:
+        """Any failure inside as :class:`CheckpointRefused` (see the module docstring)."""
+        try:
+            yield
+        except CheckpointRefused:
+            raise
+        except Exception as exc:
+            reason = f"the generic path cannot load it: {type(exc).__name__}: {' '.join(str(exc).split())}"
+            raise CheckpointRefused(self.checkpoint.model_type, reason) from exc
+
     def load(self) -> None:
         """Build the model on meta, load its encoder side only, open its processor, encode one image."""
+        with self._refusing():
+            self._load()
+
+    def warmup(self) -> None:
+        """The base warm-up encode, a failure of which refuses the checkpoint as a failed load does."""
+        with self._refusing():
+            super().warmup()
+
+    def _load(self) -> None:
         from transformers import AutoProcessor
 
         full: Any = model_class(self.checkpoint.config)
@@ -168,9 +194,16 @@ class GenericAdapter(BaseAdapter):
         self.processor = AutoProcessor.from_pretrained(self.model_dir)
         self.prompt = _prompt(self.processor)
         self._accepts = inspect.signature(self.model.get_image_features).parameters
-        probe = self.forward(self.preprocess([[health_image()]]))
+        batch = self.preprocess([[health_image()]])
+        probe = self.forward(batch)
         if probe.device.type == "meta":
             raise CheckpointError(f"{full.__name__}.get_image_features uses the language model, which is not loaded")
+        placeholders = sum(sum(counts) for counts in batch.item_tokens)
+        if probe.shape[0] != placeholders:
+            raise CheckpointError(
+                f"{full.__name__}.get_image_features gives {probe.shape[0]} rows for one image, but its processor "
+                f"puts {placeholders} {self.prompt.placeholder} placeholders in the prompt"
+            )
         self._width = int(probe.shape[-1])
         log.info("generic %s encoder: parts %s, width %d", self.name, paths, self._width)
 

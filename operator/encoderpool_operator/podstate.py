@@ -44,6 +44,8 @@ MODEL_LOAD_MESSAGE = re.compile(r"model[ _-]?load|load(ing)? (the )?model|MODEL_
 IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName"}
 CONFIG_REASONS = {"CreateContainerConfigError", "CreateContainerError"}
 MAX_DETAIL = 512  # a quoted message longer than this is cut: status is read by people
+POD_VERDICT_PREFIX = "encoder-pod: "
+"""How the pod's CLI starts the line it prints last when it exits on an error (encoder_pod.cli)."""
 
 
 @dataclass(frozen=True)
@@ -109,8 +111,19 @@ def _termination_problem(status: dict[str, Any]) -> str | None:
             continue
         message = str(term.get("message") or "")
         if term.get("exitCode") == MODEL_LOAD_EXIT_CODE or MODEL_LOAD_MESSAGE.search(message):
-            return _short(f"exit code {term.get('exitCode')}: {message or term.get('reason', '')}")
+            return _short(f"exit code {term.get('exitCode')}: {_verdict(message) or term.get('reason', '')}")
     return None
+
+
+def _verdict(message: str) -> str:
+    """The pod's own last word in a quoted log tail: its last ``encoder-pod:`` line, else the tail.
+
+    A pod that served before it failed (a load that refused the checkpoint) leaves a tail of its
+    start-up log; cut to :data:`MAX_DETAIL` from the start, the reason printed last would be lost.
+    """
+    lines = [line.strip() for line in message.splitlines()]
+    verdicts = [line for line in lines if line.startswith(POD_VERDICT_PREFIX)]
+    return verdicts[-1] if verdicts else message
 
 
 def _crash_detail(status: dict[str, Any]) -> str:

@@ -35,6 +35,7 @@ import numpy as np
 import pytest
 import torch
 
+from encoder_pod.exitcodes import ExitCode
 from encoder_pod.models import tiny_generic
 from encoder_pod.models.families import default_registry
 from encoder_pod.models.generic import feature_rows
@@ -119,6 +120,39 @@ def reference(model_dir: Path) -> tuple[list[int], list[np.ndarray]]:
     return counts, rows
 
 
+def wait_loaded(server: EncoderServer, model_type: str) -> str:
+    """'' once the server is ready; the reason when it exited refusing the checkpoint at load.
+
+    A load failure must stop the process with code 3 and a last line naming the model type and
+    the reason (as the start-up check's refusals do); a server that stays up unready fails the test.
+    """
+    assert server.proc is not None
+    deadline = time.monotonic() + 240
+    failed_at = None
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            log = server.log_text()
+            last = log.strip().splitlines()[-1]
+            assert server.proc.returncode == ExitCode.MODEL_LOAD_FAILED, log[-3000:]
+            prefix = f"cannot serve model_type {model_type!r}: "
+            assert prefix in last and "Traceback" not in log, log[-3000:]
+            return "refused at load (exit 3): " + last.split(prefix, 1)[1].removeprefix("the generic path cannot load it: ")
+        try:
+            state = httpx.get(server.base_url + "/server_info", timeout=10).json()["state"]
+        except httpx.TransportError:  # not listening yet, or just stopped
+            state = "loading"
+        if state == "ready":
+            return ""
+        if state == "failed":  # the exit follows within a second or two (uvicorn's shutdown)
+            failed_at = failed_at or time.monotonic()
+            stuck = time.monotonic() - failed_at > 15
+            assert not stuck, f"the server stayed up failed instead of exiting 3:\n{server.log_text()[-3000:]}"
+        else:
+            assert state == "loading", server.log_text()[-3000:]
+        time.sleep(0.2)
+    raise AssertionError(f"not loaded after 240 s:\n{server.log_text()[-3000:]}")
+
+
 def serve_and_check(model_dir: Path) -> str:
     """Serve ``model_dir``; '' when the rows are right, else what went wrong."""
     try:
@@ -130,13 +164,9 @@ def serve_and_check(model_dir: Path) -> str:
     server = EncoderServer(model_dir, env={"HF_HUB_OFFLINE": "1", "ENCODER_DEVICE": "cpu"})
     server.start(wait_ready=False)
     try:
-        server.wait_status("/server_info", 200, 240)
-        deadline = time.monotonic() + 240
-        while (info := httpx.get(server.base_url + "/server_info", timeout=10).json())["state"] == "loading":
-            assert time.monotonic() < deadline, server.log_text()[-2000:]
-            time.sleep(0.2)
-        if info["state"] != "ready":
-            return f"load failed: {str(info.get('load_error'))[:200]}"
+        refused = wait_loaded(server, model_dir.name)
+        if refused:
+            return refused
         server.wait_status("/health", 200, 120)
         items = [png_data_uri(w, h, seed) for w, h, seed in IMAGES]
         resp = httpx.post(server.base_url + "/encode", json={"req_id": "r", "mm_items": items, "modality": "IMAGE"},

@@ -59,6 +59,22 @@ def serve_until_exit(model_dir: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=240)
 
 
+def operator_diagnosis(done: subprocess.CompletedProcess[str]) -> tuple[str, str]:
+    """What the operator makes of the exit: the kubelet's termination state of the encoder container."""
+    tail = (done.stdout + done.stderr).encode()[-KUBELET_TAIL_BYTES:].decode(errors="replace")
+    pod = {
+        "metadata": {"name": "enc-0"},
+        "status": {"containerStatuses": [{
+            "name": names.CONTAINER_NAME, "ready": False, "started": False, "restartCount": 1,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": done.returncode, "reason": "Error", "message": tail}},
+        }]},
+    }
+    found = podstate.diagnose(pod, datetime.now(timezone.utc), probe_failing_after=120.0)
+    assert found is not None, tail
+    return found
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_unservable_checkpoint_exits_3_naming_model_type_and_reason(case: str, tmp_path: Path) -> None:
     config, processor, reason = CASES[case]
@@ -73,18 +89,31 @@ def test_unservable_checkpoint_exits_3_naming_model_type_and_reason(case: str, t
     assert f"model_type {config['model_type']!r}" in last and reason in last, done.stderr
     assert "Traceback" not in done.stderr and "Uvicorn running" not in done.stderr
 
-    # What the operator makes of it: the kubelet's termination state of the encoder container.
-    tail = (done.stdout + done.stderr).encode()[-KUBELET_TAIL_BYTES:].decode(errors="replace")
-    pod = {
-        "metadata": {"name": "enc-0"},
-        "status": {"containerStatuses": [{
-            "name": names.CONTAINER_NAME, "ready": False, "started": False, "restartCount": 1,
-            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-            "lastState": {"terminated": {"exitCode": done.returncode, "reason": "Error", "message": tail}},
-        }]},
-    }
-    found = podstate.diagnose(pod, datetime.now(timezone.utc), probe_failing_after=120.0)
-    assert found is not None, tail
-    problem, detail = found
+    problem, detail = operator_diagnosis(done)
     assert problem == podstate.MODEL_LOAD_FAILED, detail
     assert config["model_type"] in detail and reason in detail, detail
+
+
+def test_a_checkpoint_the_generic_path_fails_to_load_exits_3_naming_model_type_and_reason(tmp_path: Path) -> None:
+    # A PaliGemma checkpoint (the generic path's) that passes the start-up check, but whose index
+    # lost one tensor of the vision tower (an interrupted or hand-pruned download): only loading
+    # finds out. Before, the pod stayed up unready for good (/health 503, state failed).
+    from encoder_pod.models.tiny_generic import build_tiny
+
+    model_dir = tmp_path / "paligemma"
+    build_tiny("paligemma", model_dir)
+    index_file = model_dir / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    lost = sorted(key for key in index["weight_map"] if "vision_tower" in key)[0]
+    del index["weight_map"][lost]
+    index_file.write_text(json.dumps(index))
+
+    done = serve_until_exit(model_dir)
+
+    assert done.returncode == ExitCode.MODEL_LOAD_FAILED, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert "cannot serve model_type 'paligemma': the generic path cannot load it" in last, done.stderr[-3000:]
+    assert lost.rsplit(".", 1)[0].split("vision_tower.", 1)[-1] in last, last  # the tensor is named
+    assert "Traceback" not in done.stderr
+    problem, detail = operator_diagnosis(done)
+    assert problem == podstate.MODEL_LOAD_FAILED and "paligemma" in detail, detail

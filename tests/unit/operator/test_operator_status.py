@@ -41,6 +41,13 @@ TABLE: dict[str, tuple[int, list[dict[str, Any]], dict[str, Any], tuple[str, boo
     "model path missing": (1, [{"ready": False, "container": crash(
         1, "invalid setting ENCODER_MODEL_PATH / --model-path: no config.json in '/models/x'")}], {},
         ("ModelLoadFailed", False, "Starting", "ModelLoadFailed", 0, 1, "no config.json")),
+    # A pod that served before its load refused the checkpoint: the 2 KiB tail is mostly its log,
+    # and the reason is the CLI's last line.
+    "model load refused after start": (1, [{"ready": False, "container": crash(
+        3, "pache/m'}, 'parallel': {'dp_size': 1}}\nINFO:     Uvicorn running on http://0.0.0.0:30000\n" * 20
+        + "encoder-pod: model load failed: cannot serve model_type 'ovis2': the generic path cannot load it")}], {},
+        ("ModelLoadFailed", False, "Starting", "ModelLoadFailed", 0, 1,
+         "exit code 3: encoder-pod: model load failed: cannot serve model_type 'ovis2'")),
     "crash loop": (1, [{"ready": False, "container": crash(139, "Segmentation fault")}], {},
                    ("CrashLoop", False, "Starting", "CrashLoop", 0, 1, "last exit code 139")),
     "out of memory": (1, [{"ready": False, "container": crash(137, reason="OOMKilled")}], {},
