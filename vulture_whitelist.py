@@ -10,7 +10,7 @@ registered by decorator (pydantic validators, FastAPI routes, kopf handlers) nee
 
 # ruff: noqa
 # mypy: ignore-errors
-from encoder_pod import json_limits, server
+from encoder_pod import json_limits, server, settings
 from encoder_pod.api import connections, grpc_encoder, grpc_health
 from encoder_pod.batching import admission
 from encoder_pod.receiver import client, pull
@@ -86,3 +86,6 @@ _.vocab_size
 _.bos_token
 _.unk_token
 _.feature_families
+# SGLang's IMAGE_PROCESSOR_USE_GPU, accepted for drop-in use: its validator refuses true, so the
+# value is always false and no code reads it (it changes no rows, hence no cache key either).
+settings.ModelSettings.image_processor_use_gpu

@@ -7,6 +7,9 @@ read its attributes, never the keys of a display dict. ``/server_info`` renders 
 
 An adapter's family-specific facts (its checkpoint files, weights read, audio windows, deepstack
 layout ...) are shown and never read by code: they stay a JSON mapping, :attr:`ModelFacts.details`.
+
+What *determines* a model's rows is declared apart, by the adapter: :class:`ModelIdentity`, which
+the embedding cache's namespace hashes. A fact shown in ``/server_info`` changes no cache key.
 """
 
 from __future__ import annotations
@@ -61,6 +64,34 @@ class ModelFacts:
         if self.tensor_parallel is not None:
             out["tensor_parallel"] = self.tensor_parallel.to_json()
         return out
+
+
+FileFact = tuple[str, str] | tuple[str, int, int]
+"""One checkpoint file: (relative path, sha256 hex) when small, (relative path, size, mtime ns) when large."""
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What determines the rows a loaded model computes for an item (the adapter declares it).
+
+    Two models with equal identities (and equal pod-wide facts: tensor-parallel size, video
+    sampling; ``encoder_pod.cache.keys``) compute the same rows, so they may share cached rows.
+    What the processor does is in the files (its config, the tokenizer's); no adapter setting
+    changes rows today (``ENCODER_IMAGE_PROCESSOR_USE_GPU`` has one allowed value). A family whose
+    rows come to depend on a setting declares it here, or its cached rows go stale.
+    """
+
+    family: str
+    """The adapter (its code: slicing, layout of a row, how media become inputs)."""
+    architecture: str | None
+    """The checkpoint's transformers class (config.json ``architectures[0]``)."""
+    layout: str
+    """A tower saved alone, or read out of a whole checkpoint."""
+    files: tuple[FileFact, ...]
+    """Every file of the checkpoint: configs and processor files by content, weights by name, size, time."""
+    dtype: str
+    device: str
+    """``cpu`` or ``cuda:N``: kernels, hence roundings, differ."""
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,7 @@ class EncoderRuntime:
             self.step = LoadStep.WARMING_UP
             await asyncio.to_thread(adapter.warmup)
             if self._cache.enabled:
-                self._namespace = await asyncio.to_thread(model_namespace, adapter.facts().to_json(), self.settings)
+                self._namespace = await asyncio.to_thread(model_namespace, adapter.identity(), self.settings)
                 self._cache.store.bind(self._namespace)  # another model than before: emptied
         except Exception as exc:  # noqa: BLE001 - any load failure is reported, never raised
             self.state, self.step, self.load_error = ReplicaState.FAILED, None, f"{type(exc).__name__}: {exc}"

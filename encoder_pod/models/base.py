@@ -20,9 +20,9 @@ from typing import Any, ClassVar, Protocol, Sequence
 import torch
 
 from encoder_pod.errors import SliceMismatch
-from encoder_pod.facts import ModelFacts
+from encoder_pod.facts import ModelFacts, ModelIdentity
 from encoder_pod.modality import Modality
-from encoder_pod.models.checkpoint import Checkpoint, read_config
+from encoder_pod.models.checkpoint import Checkpoint, file_facts, read_config
 from encoder_pod.models.hub import hub_origin
 from encoder_pod.models.parts import parameter_count
 from encoder_pod.models.weights import ReadReport
@@ -166,6 +166,10 @@ class EncoderAdapter(Protocol):
         """What serving and /server_info know of the model (typed; the family's own facts as details)."""
         ...
 
+    def identity(self) -> ModelIdentity:
+        """What determines the rows this model computes (the embedding cache's namespace hashes it)."""
+        ...
+
 
 class BaseAdapter(ABC):
     """Base of the families' adapters: loads the explicit HF class and its processor from a checkpoint.
@@ -240,6 +244,18 @@ class BaseAdapter(ABC):
     def embedding_layout(self) -> list[str]:
         """What one output row holds, left to right (``merger`` then ``deepstack_<k>`` for Qwen3-VL)."""
         return ["rows"]
+
+    def identity(self) -> ModelIdentity:
+        """As :meth:`EncoderAdapter.identity`: the family, the checkpoint and its files, dtype and
+        device. Reads the checkpoint's small files: call once per load."""
+        return ModelIdentity(
+            family=self.name,
+            architecture=self.checkpoint.architecture,
+            layout=self.checkpoint.layout.value,
+            files=file_facts(self.model_dir),
+            dtype=str(self.dtype).removeprefix("torch."),
+            device=str(self.device),
+        )
 
     def facts(self) -> ModelFacts:
         """As :meth:`EncoderAdapter.facts`: the typed facts, and every other fact of :meth:`info` as details."""

@@ -6,11 +6,19 @@ Plain data, no torch: :mod:`encoder_pod.models.family` (discovery) and
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, Mapping
+
+from encoder_pod.facts import FileFact
+
+SMALL_FILE_BYTES = 8 * 1024 * 1024
+"""Files up to this size are hashed whole (configs, processor files, tokenizers); larger ones
+(weights) by name, size and modification time, so identifying a 100 GB checkpoint costs nothing."""
 
 
 class Layout(str, Enum):
@@ -28,6 +36,25 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise ValueError(f"{Path(model_dir) / 'config.json'} is not a JSON object")
     return config
+
+
+def file_facts(model_dir: Path) -> tuple[FileFact, ...]:
+    """Every file under ``model_dir`` (links followed), in path order (:attr:`ModelIdentity.files`)."""
+    facts: list[FileFact] = []
+    for root, dirs, files in os.walk(model_dir, followlinks=True):
+        dirs.sort()
+        for name in sorted(files):
+            path = Path(root) / name
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            rel = str(path.relative_to(model_dir))
+            if stat.st_size <= SMALL_FILE_BYTES:
+                facts.append((rel, hashlib.sha256(path.read_bytes()).hexdigest()))
+            else:
+                facts.append((rel, stat.st_size, stat.st_mtime_ns))
+    return tuple(facts)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ import torch
 import encoder_pod
 from encoder_pod.errors import InvalidRequest
 from encoder_pod.exitcodes import ExitCode
-from encoder_pod.facts import ModelFacts, TensorParallelFacts
+from encoder_pod.facts import ModelFacts, ModelIdentity, TensorParallelFacts
 from encoder_pod.modality import Modality
 from encoder_pod.models.base import BaseAdapter, EncodedPart, MediaItem, PreparedBatch, warm_up
 from encoder_pod.parallel.tensor.beats import BeatReader
@@ -363,6 +363,10 @@ class TensorParallelAdapter:
     def hidden_size(self) -> int:
         """As the wrapped adapter."""
         return self.inner.hidden_size
+
+    def identity(self) -> ModelIdentity:
+        """As the wrapped adapter (the cache's namespace adds the tensor-parallel size)."""
+        return self.inner.identity()
 
     def facts(self) -> ModelFacts:
         """The wrapped adapter's facts plus the group."""

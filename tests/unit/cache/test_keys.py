@@ -5,12 +5,17 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from encoder_pod.cache.keys import content_digest, item_key, model_namespace
+from encoder_pod.facts import ModelIdentity
+from encoder_pod.models import checkpoint
+from encoder_pod.models.checkpoint import file_facts
 from encoder_pod.media.sources import MediaSources
 from encoder_pod.modality import Modality
 from encoder_pod.settings import load_settings
@@ -20,9 +25,10 @@ pytestmark = pytest.mark.unit
 DATA = bytes(range(256)) * 40
 
 
-def _info(model_dir: Path, **over: object) -> dict[str, object]:
-    return {"arch": "qwen2_vl", "model_dir": str(model_dir), "layout": "tower", "hidden_size": 32,
-            "device": "cpu", "dtype": "float32", "modalities": ["IMAGE", "VIDEO"], **over}
+def _identity(model_dir: Path, **over: object) -> ModelIdentity:
+    fields: dict[str, Any] = {"family": "qwen2_vl", "architecture": None, "layout": "tower", "files": file_facts(model_dir),
+                              "dtype": "float32", "device": "cpu"}
+    return ModelIdentity(**{**fields, **over})
 
 
 @pytest.fixture
@@ -47,7 +53,7 @@ def test_the_same_bytes_give_the_same_key_from_every_source(tmp_path: Path):
 
 
 def test_keys_differ_by_modality_content_and_namespace(model_dir: Path):
-    ns = model_namespace(_info(model_dir), load_settings(env={}))
+    ns = model_namespace(_identity(model_dir), load_settings(env={}))
     digest = content_digest(DATA)
     assert item_key(ns, Modality.IMAGE, digest) == item_key(ns, Modality.IMAGE, content_digest(bytes(DATA)))
     assert item_key(ns, Modality.IMAGE, digest) != item_key(ns, Modality.VIDEO, digest)
@@ -57,21 +63,31 @@ def test_keys_differ_by_modality_content_and_namespace(model_dir: Path):
 
 def test_the_namespace_changes_with_the_model_and_the_settings_that_change_outputs(model_dir: Path, tmp_path: Path):
     base = load_settings(env={})
-    ns = model_namespace(_info(model_dir), base)
-    assert model_namespace(_info(model_dir), load_settings(env={"ENCODER_MAX_BATCH_SIZE": "3"})) == ns  # no effect on rows
+    ns = model_namespace(_identity(model_dir), base)
+    assert model_namespace(_identity(model_dir), load_settings(env={"ENCODER_MAX_BATCH_SIZE": "3"})) == ns  # no effect on rows
     other = tmp_path / "other"
     shutil.copytree(model_dir, other)
-    assert model_namespace(_info(other), base) != ns  # another checkpoint directory (another snapshot/revision)
+    assert model_namespace(_identity(other), base) == ns  # the same files elsewhere compute the same rows
     changes = [
-        _info(model_dir, dtype="bfloat16"),
-        _info(model_dir, device="cuda:0"),
-        _info(model_dir, arch="qwen2_5_vl"),
+        _identity(model_dir, dtype="bfloat16"),
+        _identity(model_dir, device="cuda:0"),
+        _identity(model_dir, family="qwen2_5_vl"),
+        _identity(model_dir, layout="full"),
     ]
-    assert len({ns, *(model_namespace(info, base) for info in changes)}) == 1 + len(changes)
-    for env in ({"ENCODER_VIDEO_FPS": "4"}, {"ENCODER_TP_SIZE": "2"}):
-        assert model_namespace(_info(model_dir), load_settings(env=env)) != ns, env
+    assert len({ns, *(model_namespace(identity, base) for identity in changes)}) == 1 + len(changes)
+    for env in ({"ENCODER_VIDEO_FPS": "4"}, {"ENCODER_VIDEO_MAX_FRAMES": "8"}, {"ENCODER_TP_SIZE": "2"}):
+        assert model_namespace(_identity(model_dir), load_settings(env=env)) != ns, env
     (model_dir / "preprocessor_config.json").write_text(json.dumps({"min_pixels": 6272}))
-    assert model_namespace(_info(model_dir), base) != ns  # the processor config changed in place
-    processor_changed = model_namespace(_info(model_dir), base)
+    assert model_namespace(_identity(model_dir), base) != ns  # the processor config changed in place
+    processor_changed = model_namespace(_identity(model_dir), base)
     (model_dir / "model.safetensors").write_bytes(b"\1" * 1024)
-    assert model_namespace(_info(model_dir), base) != processor_changed  # new weights in place
+    assert model_namespace(_identity(model_dir), base) != processor_changed  # new weights in place
+
+
+def test_large_files_are_identified_by_name_size_and_time(model_dir: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(checkpoint, "SMALL_FILE_BYTES", 512)
+    weights = model_dir / "model.safetensors"
+    stat = weights.stat()
+    assert ("model.safetensors", 1024, stat.st_mtime_ns) in file_facts(model_dir)
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    assert ("model.safetensors", 1024, stat.st_mtime_ns + 1) in file_facts(model_dir)
