@@ -130,24 +130,32 @@ class GenericAdapter(BaseAdapter):
     name: ClassVar[str] = "generic"
     modalities: ClassVar[frozenset[Modality]] = frozenset({Modality.IMAGE})
 
+    full_class: ClassVar[Any]
+    """The checkpoint's transformers class, as :func:`~encoder_pod.models.servable.model_class` finds it."""
+
     model: Any
     processor: Any
 
     @classmethod
     def for_checkpoint(cls, checkpoint: Checkpoint) -> type["GenericAdapter"]:
-        """A subclass named after the checkpoint's model type (``/server_info``'s family)."""
-        return type(f"Generic_{checkpoint.model_type}", (cls,), {"name": checkpoint.model_type})
+        """A subclass named after the checkpoint's model type (``/server_info``'s family), carrying its class.
+
+        The class is :func:`~encoder_pod.models.servable.model_class`'s, the lookup the start-up
+        check (:func:`~encoder_pod.models.servable.refusal`) made its decision with.
+        """
+        full = model_class(checkpoint.config)
+        if full is None or not hasattr(full, "get_image_features"):
+            raise CheckpointRefused(checkpoint.model_type, "no transformers class of it has get_image_features")
+        return type(f"Generic_{checkpoint.model_type}", (cls,), {"name": checkpoint.model_type, "full_class": full})
 
     @classmethod
     def weight_keys(cls, checkpoint: Checkpoint, keys: Sequence[str]) -> list[str]:
         """The keys of the encoder side (what a download limited to the encoder fetches)."""
-        full: Any = model_class(checkpoint.config)
-        config = full.config_class.from_pretrained(checkpoint.path)
-        with torch.device("meta"):
-            from encoder_pod.models.parts import meta_model
+        from encoder_pod.models.parts import meta_model
 
-            meta = meta_model(full, config)
-        return plan_keys(full, config, keys, encoder_part_paths(meta), meta=meta).keys()
+        config = cls.full_class.config_class.from_pretrained(checkpoint.path)
+        meta = meta_model(cls.full_class, config)
+        return plan_keys(cls.full_class, config, keys, encoder_part_paths(meta), meta=meta).keys()
 
     @contextmanager
     def _refusing(self) -> Iterator[None]:
@@ -173,9 +181,7 @@ class GenericAdapter(BaseAdapter):
     def _load(self) -> None:
         from transformers import AutoProcessor
 
-        full: Any = model_class(self.checkpoint.config)
-        if full is None or not hasattr(full, "get_image_features"):
-            raise CheckpointError(f"{self.checkpoint.model_type}: no transformers class with get_image_features")
+        full = self.full_class
         checkpoint = FullCheckpoint(self.model_dir, full, full.config_class.from_pretrained(self.model_dir))
         meta: Any = checkpoint.meta
         paths = encoder_part_paths(meta)

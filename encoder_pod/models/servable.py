@@ -22,6 +22,9 @@ from encoder_pod.models.family import FamilyRegistry
 
 FEATURE_METHODS = ("get_image_features", "get_video_features", "get_audio_features")
 """The methods a model class computes the language model's multimodal rows with (the generic path)."""
+LANGUAGE_MODEL_TABLES = ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES",
+                         "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES")
+"""transformers' auto tables of models whose multimodal rows feed a language model."""
 
 
 class CheckpointRefused(ValueError):
@@ -44,12 +47,7 @@ def model_class(config: Mapping[str, Any]) -> type | None:
 
     candidates = [name for name in config.get("architectures") or [] if isinstance(name, str)]
     model_type = str(config.get("model_type"))
-    for table in (
-        "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
-        "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES",
-        "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
-        "MODEL_MAPPING_NAMES",
-    ):
+    for table in (*LANGUAGE_MODEL_TABLES, "MODEL_MAPPING_NAMES"):
         named = getattr(modeling_auto, table, {}).get(model_type)
         candidates.extend([named] if isinstance(named, str) else list(named or ()))
     for name in dict.fromkeys(candidates):

@@ -268,25 +268,21 @@ def build_tiny(model_type: str, out: Path) -> dict[str, Any]:
     return {"parameters": params, "class": cls.__name__, "processor": type(processor).__name__}
 
 
-LANGUAGE_MODEL_TABLES = ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES",
-                         "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES")
-"""The auto tables of models whose multimodal rows feed a language model (what this pod serves)."""
-
-
 def feature_families() -> list[str]:
-    """Every model type of the installed transformers, in those tables, whose class has a feature method."""
+    """Every model type of the installed transformers in its language-model tables
+    (:data:`~encoder_pod.models.servable.LANGUAGE_MODEL_TABLES`) that has a class with a feature method."""
     from transformers.models.auto import modeling_auto
 
-    from encoder_pod.models.servable import FEATURE_METHODS
+    from encoder_pod.models.servable import LANGUAGE_MODEL_TABLES
 
     types = sorted({t for table in LANGUAGE_MODEL_TABLES for t in getattr(modeling_auto, table, {})})
     found = []
     for model_type in types:
         try:
-            cls = model_class({"model_type": model_type})
+            cls = model_class({"model_type": model_type})  # only a class with a feature method, else None
         except ImportError:  # a class whose backend (torchaudio ...) is absent: not servable here either
             continue
-        if cls is not None and any(hasattr(cls, method) for method in FEATURE_METHODS):
+        if cls is not None:
             found.append(model_type)
     return found
 
