@@ -15,6 +15,12 @@ Output choices (what a LLaVA-family language model consumes, not the contrastive
 
 Images are prepared exactly as the checkpoint's processor config says (CLIP: shortest edge then
 center crop; SigLIP: plain resize). LLaVA-1.5's pad-to-square is a client-side choice, not done here.
+
+Why an adapter, not the generic path (:mod:`~encoder_pod.models.generic`): these checkpoints are
+towers saved alone (``CLIPVisionModel``, ``SiglipVisionModel``, ``...WithProjection``): no
+multimodal class, so no ``get_image_features`` to call and no processor placeholder to count
+rows by; the rows are LLaVA's choice of layer (above), CLIP's last layer dropped so that it is
+never computed; and tensor parallel splits these towers (``parallel/tensor/plans.py``).
 """
 
 from __future__ import annotations

@@ -6,6 +6,15 @@ models), RMS-normed and projected to the language model's width. Every image giv
 ``mm_tokens_per_image`` rows, the ``<image_soft_token>`` count the processor expands each
 ``<start_of_image>`` to. Pan-and-scan crops (off in the released processor configs and in the
 processor's own defaults) are not made: one image, one set of rows.
+
+Why an adapter, not the generic path (:mod:`~encoder_pod.models.generic`): the generic path
+prompts with the processor's ``image_token`` itself, but ``Gemma3Processor`` expands only
+``<start_of_image>`` into the ``mm_tokens_per_image`` soft tokens, so it would count one
+placeholder per image where the feature method gives ``mm_tokens_per_image`` rows, and its load
+would refuse the checkpoint for that. Here the count is ``mm_tokens_per_image`` from the config,
+known from the item alone when it is decoded. The SigLIP tower is also exposed to tensor parallel
+(``tower``, a tower type ``parallel/tensor/plans.py`` splits), which the generic path's meta
+model is not.
 """
 
 from __future__ import annotations

@@ -7,6 +7,12 @@ width), then ``multi_modal_projector``. Each image is cut into tiles by ``GotOcr
 gives ``image_seq_length`` rows, so an image gives ``tiles x image_seq_length`` rows: the
 ``<IMG_CONTEXT>`` count the processor puts between ``<img>`` and ``</img>``. The grid of an item
 is its tile count. (The remote-code ``InternVLChatModel`` checkpoints are not this format.)
+
+Why an adapter, not the generic path (:mod:`~encoder_pod.models.generic`): the generic path
+opens the checkpoint's ``AutoProcessor``, and an InternVL checkpoint's needs torchvision,
+which the pod does not install. This adapter runs ``GotOcr2ImageProcessorPil`` with the
+tiling ``InternVLProcessor`` asks for, counts rows (tiles x ``image_seq_length``) from the
+image size when an item is decoded, and reports ``[tiles]`` per item in ``item_grids``.
 """
 
 from __future__ import annotations

@@ -13,6 +13,15 @@ and select strategy from the config, then ``multi_modal_projector`` (width = the
   ``anyres_max_N`` downscale; an image of a prompt holding several images is its base tile
   (padded to a square) plus one newline. The pod takes the items of one request as one prompt's
   images, as SGLang's prefill side sends them.
+
+Why an adapter, not the generic path (:mod:`~encoder_pod.models.generic`): for LLaVA-1.5 and NeXT
+the generic path would compute the same rows and counts, but (1) tensor parallel shards this
+adapter's CLIP or SigLIP tower (``tower``; LLaVA under ``--tp-size 2`` is tested), and the
+generic path's meta model cannot be sharded; (2) rows are counted from the image size alone when
+an item is decoded, where the generic path runs the processor on it; (3) NeXT and OneVision report
+``[tiles, height, width]`` per item, not only the row count. OneVision's ``AutoProcessor``
+needs torchvision (its video processor), so the generic path cannot open it at all; this
+adapter uses the PIL image processor alone.
 """
 
 from __future__ import annotations

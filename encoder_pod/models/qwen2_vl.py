@@ -9,6 +9,13 @@ Two layouts per family, one serving path (:class:`~encoder_pod.models.qwen_visio
 
 Served rows: the merger's output (width = the language model's hidden size). Qwen2.5-VL's video
 items carry ``second_per_grid_ts`` (temporal patch / sampled fps) for the prefill side's rope.
+
+Why an adapter, not the generic path (:mod:`~encoder_pod.models.generic`): the TOWER layout has
+no multimodal class to call; a whole checkpoint's ``AutoProcessor`` needs torchvision (its
+``Qwen2VLVideoProcessor``), so the generic path cannot open it, while this adapter serves images
+and VIDEO without it (:mod:`~encoder_pod.models.qwen_vision`); it reports ``[t, h, w]`` per item
+(SGLang's ``grid_dim``, vLLM's ``image_grid_thw``) and ``second_per_grid_ts``; and tensor
+parallel splits both towers (``parallel/tensor/plans.py``).
 """
 
 from __future__ import annotations

@@ -10,6 +10,12 @@
 
 Both: patch 16, merge 2; video size bounds over the whole clip (``Qwen3VLVideoProcessor``), and
 ``video_timestamps`` per video item (seconds per temporal grid) for the prefill side's prompt.
+
+Why an adapter, not the generic path (:mod:`~encoder_pod.models.generic`): Qwen3-VL's rows in
+SGLang's deepstack layout (the generic path takes ``get_image_features``' ``pooler_output``
+alone, which drops the deepstack features); for both, VIDEO without torchvision, which the checkpoints' ``AutoProcessor``
+(``Qwen3VLVideoProcessor``) needs, so the generic path cannot open them; and ``[t, h, w]`` grids
+and ``video_timestamps`` per item for the prefill side.
 """
 
 from __future__ import annotations

@@ -16,6 +16,11 @@ Qwen3-Omni's audio tower pads every 100-frame chunk of a batch to the longest ch
 see that padding, so a clip shorter than one chunk would get other rows batched beside a longer
 clip than alone. Clips run together only when they share that chunk length, which keeps every
 item's rows independent of the batch.
+
+Why an adapter, not the generic path (:mod:`~encoder_pod.models.generic`): the whole
+``...OmniForConditionalGeneration`` has no feature method (only its thinker has), the generic
+path serves images only, and this family is three modalities in one pod: audio windows as
+each processor cuts them (above), video without torchvision, Qwen3-Omni's deepstack layout.
 """
 
 from __future__ import annotations

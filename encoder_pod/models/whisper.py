@@ -13,6 +13,13 @@ Rows per window of ``L`` valid mel frames:
   alone serves the tower's rows; a whole ``Qwen2AudioForConditionalGeneration``
   (``Qwen/Qwen2-Audio-7B-Instruct``) serves them through its ``multi_modal_projector``: rows of the
   language model's width, exactly what it splices in at ``<|AUDIO|>``.
+
+Why an adapter, not the generic path (:mod:`~encoder_pod.models.generic`): neither class has a
+feature method in transformers 5.23 (Whisper's rows are its encoder's, Qwen2-Audio's what its
+language model receives at ``<|AUDIO|>``), the generic path serves images only, and what is
+served depends on audio windows: 30 s windows and their valid rows, consecutive windows for
+Whisper, masked padding and the 30 s cut for Qwen2-Audio; each family also comes as a tower
+saved alone.
 """
 
 from __future__ import annotations
