@@ -104,18 +104,3 @@ def test_a_missing_item_is_no_cache_hit_and_a_row_mismatch_fails_loudly(pod):
     with pytest.raises(RuntimeError, match="prompt holds 5 placeholders"):
         consumer_load(release, ours([url]), ["short"], [5])
 
-
-def test_the_prefill_flags_docs_vllm_md_shows_are_accepted_by_vllms_own_config_and_factory():
-    """Every ``--ec-transfer-config '...'`` of docs/vllm.md builds vLLM's ECTransferConfig and a connector class."""
-    import json
-    import re
-
-    release = vllm_release()
-    text = (Path(__file__).resolve().parents[2] / "docs/vllm.md").read_text()
-    configs = [json.loads(block) for block in re.findall(r"--ec-transfer-config '([^']+)'", text)]
-    assert len(configs) == 2
-    for ec in configs:
-        config = release.ec_transfer_config(**ec)
-        assert config.is_ec_consumer and not config.is_ec_producer
-        cls = release.factory.ECConnectorFactory.get_connector_class(config)
-        assert cls.__name__ == ec["ec_connector"]
