@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -32,12 +32,12 @@ from encoder_pod.json_limits import MAX_DEPTH, JsonTooDeep, nesting_over
 from encoder_pod.metrics import EdgeMetrics
 from encoder_pod.offload import Offload, freeze_startup_objects
 from encoder_pod.settings import EncoderSettings, SettingsError
-from encoder_pod.transfer.inline import InlineAnswer
 
 if TYPE_CHECKING:
     from encoder_pod.api.grpc_server import GrpcFace  # the grpc extra: imported only when ENCODER_GRPC_PORT is set
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CONTROL_BODY_LIMIT = 64 * 1024
 """Largest body of the small control endpoints (registration, profiling)."""
@@ -219,7 +219,7 @@ def create_app(settings: EncoderSettings, engine: Engine, lifecycle: Lifecycle |
     _document_encode(app)
     _install_probes(app, engine, lifecycle)
     _install_control(app, engine, offload)
-    _install_vllm(app, settings, engine, offload, metrics)
+    _install_vllm(app, settings, engine, offload, metrics, lifecycle)
     return app
 
 
@@ -266,7 +266,7 @@ class EncodeRoute:
                 raise lifecycle.refusal()
             body = await _read_body(request, self._settings.server.max_request_bytes, self._offload)
             req_id = body.get("req_id") if isinstance(body, dict) else None
-            answer = await self._encode_until_stopped(request, body)
+            answer = await until_stopped(request, lifecycle, self._drain_timeout, self._engine.encode(body))
             return await answer_response(answer, request.headers.get("accept"), self._offload)
         except Exception as exc:  # noqa: BLE001 - every failure is answered by the error table
             if isinstance(exc, EncoderError):
@@ -277,37 +277,41 @@ class EncodeRoute:
             count_answer(self._metrics, failed, started)
 
 
-    async def _encode_until_stopped(self, request: Request, body: Any) -> InlineAnswer | None:
-        """``engine.encode(body)`` in this task, cancelled when the client goes away (raises
-        :class:`ClientDisconnect`) or the drain runs out of time (raises its 503)."""
-        task = asyncio.current_task()
-        assert task is not None
-        stopped: list[str] = []
+async def until_stopped(request: Request, lifecycle: Lifecycle, drain_timeout: float, work: Awaitable[T]) -> T:
+    """``work`` (a request's encode, its body already read) in this task, cancelled when the client
+    goes away (raises :class:`ClientDisconnect`) or the drain runs out of time (raises its 503).
 
-        def stop(reason: str) -> Callable[[asyncio.Future[Any]], None]:
-            def callback(future: asyncio.Future[Any]) -> None:
-                if not future.cancelled() and not stopped:
-                    stopped.append(reason)
-                    task.cancel()
-            return callback
+    Cancelling the encode is what frees what the request held: its admission slot, and its queue
+    entry, which the batcher then drops before compute (``encoder_dropped_requests_total``).
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    stopped: list[str] = []
 
-        watcher = asyncio.ensure_future(_until_disconnect(request))
-        watcher.add_done_callback(stop("client gone"))
-        expired, on_expiry = self._lifecycle.expired, stop("drain expired")
-        expired.add_done_callback(on_expiry)
-        try:
-            return await self._engine.encode(body)
-        except asyncio.CancelledError:
-            if not stopped:
-                raise  # the server itself is stopping this task
-            task.uncancel()
-            if stopped[0] == "drain expired":  # answered, not dropped
-                raise self._lifecycle.expiry_error(self._drain_timeout) from None
-            raise ClientDisconnect() from None
-        finally:
-            stopped.append("answered")  # from here on, neither may cancel this task
-            expired.remove_done_callback(on_expiry)
-            watcher.cancel()
+    def stop(reason: str) -> Callable[[asyncio.Future[Any]], None]:
+        def callback(future: asyncio.Future[Any]) -> None:
+            if not future.cancelled() and not stopped:
+                stopped.append(reason)
+                task.cancel()
+        return callback
+
+    watcher = asyncio.ensure_future(_until_disconnect(request))
+    watcher.add_done_callback(stop("client gone"))
+    expired, on_expiry = lifecycle.expired, stop("drain expired")
+    expired.add_done_callback(on_expiry)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not stopped:
+            raise  # the server itself is stopping this task
+        task.uncancel()
+        if stopped[0] == "drain expired":  # answered, not dropped
+            raise lifecycle.expiry_error(drain_timeout) from None
+        raise ClientDisconnect() from None
+    finally:
+        stopped.append("answered")  # from here on, neither may cancel this task
+        expired.remove_done_callback(on_expiry)
+        watcher.cancel()
 
 
 def _document_encode(app: FastAPI) -> None:
@@ -360,9 +364,11 @@ def _install_probes(app: FastAPI, engine: Engine, lifecycle: Lifecycle) -> None:
         return engine.info()
 
 
-def _install_vllm(app: FastAPI, settings: EncoderSettings, engine: Engine, offload: Offload, metrics: EdgeMetrics) -> None:
+def _install_vllm(app: FastAPI, settings: EncoderSettings, engine: Engine, offload: Offload, metrics: EdgeMetrics,
+                  lifecycle: Lifecycle) -> None:
     """vLLM's encoder-instance contract (docs/vllm.md); off, with a 404 saying so, without a storage path."""
     face = VllmFace(settings, engine) if settings.vllm.vllm_storage_path else None
+    drain_timeout = settings.drain_timeout_s()
     app.state.vllm_face = face
     off = "the vLLM face is off on this pod: set ENCODER_VLLM_STORAGE_PATH (--vllm-storage-path) to serve it"
 
@@ -377,7 +383,8 @@ def _install_vllm(app: FastAPI, settings: EncoderSettings, engine: Engine, offlo
         async with counted(metrics):  # counted as /encode is; what it raises goes on to the error table
             vllm = active()
             body = await _read_body(request, settings.server.max_request_bytes, offload)
-            return JSONResponse(await vllm.complete(body))
+            # Stopped as /encode is: a client gone while its items are queued takes them out of the queue.
+            return JSONResponse(await until_stopped(request, lifecycle, drain_timeout, vllm.complete(body)))
 
     @app.api_route("/v1/ec_cache/{identifier}", methods=["GET", "HEAD"])
     async def ec_cache(identifier: str, request: Request) -> Response:

@@ -85,3 +85,67 @@ def test_clients_gone_mid_body_or_before_the_answer_are_499_not_500_and_log_one_
     assert "Traceback" not in log, log
     assert len(lines) <= 3, log
     assert len(log) < 4000, log
+
+
+def _inflight(server: EncoderServer) -> int:
+    return int(httpx.get(server.base_url + "/server_info", timeout=10).json()["inflight"])
+
+
+def _until(check, what: str, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(600)
+def test_queued_work_of_a_client_gone_by_vllms_face_or_grpc_is_dropped_before_compute(tiny_model, tmp_path):
+    """Behind a long batch (one request at a time): a chat request whose client closes and a gRPC
+    Encode the client cancels leave the queue; the next batches hold only the others' items."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import zmq
+
+    from tests.integration.test_lifecycle import _flat_png
+    from tests.support.grpc_client import GrpcClient
+    from testkit.server import free_port
+
+    grpc_port = free_port()
+    env = {"ENCODER_MAX_BATCH_SIZE": "1", "ENCODER_NUM_THREADS": "1", "ENCODER_GRPC_PORT": str(grpc_port),
+           "ENCODER_VLLM_STORAGE_PATH": str(tmp_path)}
+    ctx = zmq.Context()
+    sink = ctx.socket(zmq.PULL)
+    sink_port = sink.bind_to_random_port("tcp://127.0.0.1")
+    client = GrpcClient(grpc_port)
+    chat = {"model": "m", "stream": False, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": png_data_uri(40, 40, seed=3)}, "uuid": "gone-chat"}]}]}
+    try:
+        with EncoderServer(tiny_model("qwen2_vl", preset="moderate"), env=env) as server, ThreadPoolExecutor(1) as pool:
+            def count(*series: str) -> float:
+                return server.metric(*series)
+
+            before = {"dropped": count("encoder_dropped_requests_total", 'reason="client_gone"'),
+                      "items": count("encoder_batch_items_sum"), "gone": count("encoder_requests_total", 'code="499"')}
+            blocker = pool.submit(encode, server.base_url, "big", [_flat_png(448)] * 20, timeout=300)  # ~10 s of forward
+            _until(lambda: _inflight(server) == 1, "the long request was never admitted")
+            time.sleep(0.5)
+            with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
+                httpx.post(server.base_url + "/v1/chat/completions", json=chat, timeout=1.0)
+            call = client.encode_future("gone-grpc", [png_data_uri(40, 40, seed=4)], ports=[sink_port])
+            _until(lambda: _inflight(server) == 2, "the chat request was not released, or the gRPC call never admitted")
+            call.cancel()
+            assert not blocker.done(), "the long batch ended before the cancels: nothing was queued behind it"
+            assert blocker.result().status_code == 200
+            _until(lambda: count("encoder_dropped_requests_total", 'reason="client_gone"') == before["dropped"] + 2,
+                   "the two requests were not dropped")
+            assert count("encoder_batch_items_sum") == before["items"] + 20  # only the long request was encoded
+            assert count("encoder_requests_total", 'code="499"') == before["gone"] + 2
+            assert not (tmp_path / "gone-chat").exists()
+            after = httpx.post(server.base_url + "/v1/chat/completions", json=chat, timeout=60)
+            assert after.status_code == 200 and (tmp_path / "gone-chat" / "encoder_cache.safetensors").is_file()
+            assert count("encoder_batch_items_sum") == before["items"] + 21
+            assert "Traceback" not in server.log_text()
+    finally:
+        client.close()
+        sink.close(0)
+        ctx.term()
