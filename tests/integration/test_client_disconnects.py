@@ -1,6 +1,8 @@
 """Clients that go away are not server errors: on a real server with raw sockets, callers that
 close mid-body, or after the body but before their answer, are counted as 499 (never 500), leave
-no traceback in the log, log at most a bounded number of lines, and the server keeps serving."""
+no traceback in the log, log at most a bounded number of lines, and the server keeps serving. A caller gone while its
+request is queued, by any face (HTTP, vLLM's chat route, a cancelled gRPC call, on the mooncake
+backend too), takes its work out of the queue: the batches after it never hold its items."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import json
 import socket
 import struct
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -148,4 +151,64 @@ def test_queued_work_of_a_client_gone_by_vllms_face_or_grpc_is_dropped_before_co
     finally:
         client.close()
         sink.close(0)
+        ctx.term()
+
+
+@pytest.mark.timeout(600)
+def test_a_grpc_encode_cancelled_while_queued_on_a_mooncake_pod_stages_nothing_and_frees_its_req_id(tiny_model):
+    """TRANSFER_BACKEND=mooncake, behind a long batch: the cancelled call is dropped before compute, a
+    Send for it finds nothing staged, and the same req_id encodes, stages and sends at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+    import numpy as np
+    import torch
+    import zmq
+    from smg_grpc_proto import sglang_encoder_pb2 as pb
+
+    from tests.integration.test_lifecycle import _flat_png
+    from tests.integration.test_transfer_mooncake import Rank
+    from tests.support.grpc_client import GrpcClient, failure
+    from testkit.server import free_port
+
+    grpc_port = free_port()
+    env = {"ENCODER_MAX_BATCH_SIZE": "1", "ENCODER_NUM_THREADS": "1", "ENCODER_GRPC_PORT": str(grpc_port),
+           "ENCODER_TRANSFER_BACKEND": "mooncake", "ENCODER_MOONCAKE_PROTOCOL": "tcp", "MC_FORCE_TCP": "1"}
+    image = png_data_uri(40, 40, seed=5)
+    ctx = zmq.Context()
+    client = GrpcClient(grpc_port)
+    rank = Rank(ctx, 4 << 20)
+    try:
+        with EncoderServer(tiny_model("qwen2_vl", preset="moderate"), env=env) as server, ThreadPoolExecutor(1) as pool:
+            want = embedding(encode(server.base_url, "reference", [image], timeout=60))  # inline: no prefill_host
+            dropped = server.metric("encoder_dropped_requests_total", 'reason="client_gone"')
+            items = server.metric("encoder_batch_items_sum")
+            blocker = pool.submit(encode, server.base_url, "big", [_flat_png(448)] * 20, timeout=300)
+            _until(lambda: _inflight(server) == 1, "the long request was never admitted")
+            time.sleep(0.5)
+            call = client.encode_future("mc-gone", [image], ports=[9])  # mooncake ignores the ports
+            _until(lambda: _inflight(server) == 2, "the gRPC call was never admitted")
+            call.cancel()
+            assert not blocker.done(), "the long batch ended before the cancel: nothing was queued behind it"
+            assert blocker.result().status_code == 200
+            _until(lambda: server.metric("encoder_dropped_requests_total", 'reason="client_gone"') == dropped + 1,
+                   "the cancelled call was not dropped")
+            assert server.metric("encoder_batch_items_sum") == items + 20
+
+            def send() -> Any:
+                return client.encoder.Send(pb.SendRequest(
+                    req_id="mc-gone", prefill_host="127.0.0.1", embedding_port=rank.port, session_id=rank.session,
+                    buffer_address=rank.buffer.data_ptr()), timeout=30)
+
+            code, details, _ = failure(send)
+            assert code is grpc.StatusCode.UNAVAILABLE and "no staged embedding" in details, (code, details)
+            response = client.encode("mc-gone", [image], ports=[9], timeout=60)  # the req_id is free at once
+            assert (response.embedding_len, response.embedding_dim) == want.shape
+            send()
+            rank.ack()
+            landed = rank.buffer[: response.embedding_size].view(torch.float32).reshape(want.shape).numpy()
+            np.testing.assert_allclose(landed, want, rtol=1e-4, atol=1e-5)
+    finally:
+        rank.close()
+        client.close()
         ctx.term()
