@@ -382,6 +382,9 @@ def _install_vllm(app: FastAPI, settings: EncoderSettings, engine: Engine, offlo
         """vLLM's EPD proxy: encode the body's media parts, store each embedding for the consumers, answer ec_transfer_params."""
         async with counted(metrics):  # counted as /encode is; what it raises goes on to the error table
             vllm = active()
+            if lifecycle.arrived_draining(request.scope):  # new work during a drain, refused as /encode refuses it
+                await _discard_body(request, settings.server.max_request_bytes)
+                raise lifecycle.refusal()
             body = await _read_body(request, settings.server.max_request_bytes, offload)
             # Stopped as /encode is: a client gone while its items are queued takes them out of the queue.
             return JSONResponse(await until_stopped(request, lifecycle, drain_timeout, vllm.complete(body)))

@@ -209,3 +209,35 @@ def test_audio_needs_a_uuid_and_reports_its_rows(tiny_model, tmp_path: Path):
         entry = resp.json()["ec_transfer_params"]["clip-1"]
         assert entry["modality"] == "audio" and entry["metadata"] == {"audio_num_tokens": [stored(tmp_path, "clip-1").shape[0]]}
         assert json.loads(json.dumps(entry))["item_indices"] == [0]
+
+
+def test_a_chat_request_arriving_during_the_drain_is_refused_as_encode_is(tiny_model, tmp_path: Path):
+    """SIGTERM with an /encode held by its origin: a new chat request is 503 draining with Retry-After,
+    the held request is delivered, the pod exits 0 (a chat request was served, uncounted by the drain)."""
+    import signal
+    import time
+
+    from tests.support.media_host import MediaHost
+
+    env = {**ENV, "ENCODER_VLLM_STORAGE_PATH": str(tmp_path), "ENCODER_ALLOWED_MEDIA_DOMAINS": "127.0.0.1"}
+    with MediaHost() as host, ThreadPoolExecutor(1) as pool:
+        server = EncoderServer(tiny_model("qwen2_vl"), env=env)
+        server.start(timeout=600)
+        try:
+            held = pool.submit(encode, server.base_url, "held", [host.base_url + "/held/32x32.png"])
+            deadline = time.monotonic() + 30
+            while httpx.get(server.base_url + "/server_info", timeout=5).json()["inflight"] < 1:
+                assert time.monotonic() < deadline, "the held request never became in flight"
+                time.sleep(0.05)
+            server.proc.send_signal(signal.SIGTERM)
+            while httpx.get(server.base_url + "/health", timeout=5).status_code == 200:
+                assert time.monotonic() < deadline + 5, "/health never turned 503 after SIGTERM"
+                time.sleep(0.05)
+            late = post(server, chat(image_part(png_data_uri(32, 32), "late")))
+            assert late.status_code == 503 and late.json()["message"].startswith("draining"), late.text
+            assert late.headers.get("retry-after") == "1" and not (tmp_path / "late").exists()
+            host.release()
+            assert held.result(60).status_code == 200
+            assert server.proc.wait(60) == 0
+        finally:
+            server.stop()
