@@ -43,7 +43,9 @@ def test_pods_register_their_pod_ips_and_scaling_reaches_the_bootstrap(pools: Po
 
     manifest = load_example("encoderpool-cpu.yaml")
     manifest["metadata"]["name"] = NAME
-    manifest["spec"].update(replicas=1, parallelism={"tensor": 1, "data": 1}, sglang={"registerURLs": [service]})
+    manifest["spec"].update(replicas=1, parallelism={"tensor": 1, "data": 1}, sglang={"registerURLs": [service]},
+                            # two pods beside the client and the bootstrap on one 2-CPU kind node
+                            resources={"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "3Gi"}})
     pools.apply(manifest)
     pools.wait(NAME, pool_ready, READY_SECONDS, "Ready")
     first = wait_for(lambda: (urls := registered()) == ready_pod_urls() and urls, 60, "the pod to register its IP")
