@@ -39,6 +39,15 @@ def load_example(name: str) -> dict[str, Any]:
     return yaml.safe_load((EXAMPLES / name).read_text())
 
 
+def cpu_pool(name: str, **spec: Any) -> dict[str, Any]:
+    """examples/encoderpool-cpu.yaml (the image's baked tiny checkpoint) named ``name``, with one
+    worker process and ``spec`` set over the example's."""
+    manifest = load_example("encoderpool-cpu.yaml")
+    manifest["metadata"]["name"] = name
+    manifest["spec"].update(parallelism={"tensor": 1, "data": 1}, **spec)
+    return manifest
+
+
 def pool_path(namespace: str, name: str | None = None) -> str:
     """REST path of a namespace's pools or one pool."""
     return path_for(API_VERSION, "encoderpools", namespace, name)

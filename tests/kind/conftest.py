@@ -1,6 +1,7 @@
 """Fixtures of the kind tier: the kind cluster hack/kind-e2e.sh made, the chart installed with the
 built operator image (its Deployment runs for real, as the chart's ServiceAccount), a fresh
-namespace per test, and (``gpu_nodes``) kwok's fake 8-GPU nodes joined to the cluster.
+namespace per test (``restricted``: one enforcing the ``restricted`` Pod Security Standard, with a
+client pod in it), and (``gpu_nodes``) kwok's fake 8-GPU nodes joined to the cluster.
 
 ``kind_cluster`` FAILS when ENCODERPOOL_E2E_KUBECONFIG is not set (never a silent skip): the
 message names the one command that brings the tier up.
@@ -18,7 +19,7 @@ from testkit.cluster.external import KUBECONFIG_ENV, ExternalCluster
 from tests.e2e.chart import ChartInstall, InClusterOperator, install_chart, service_account_kubeconfig
 from tests.e2e.pools import Pools, pool_namespace
 from tests.kind.fake_nodes import FakeGpuNodes
-from tests.kind.incluster import ClientPod, scripts_configmap
+from tests.kind.incluster import RESTRICTED, ClientPod, refuses_a_bare_pod, scripts_configmap
 
 
 @pytest.fixture(scope="session")
@@ -95,3 +96,13 @@ def client(pools: Pools) -> Iterator[ClientPod]:
     scripts_configmap(pools)
     with ClientPod(pools) as pod:
         yield pod
+
+
+@pytest.fixture
+def restricted(kind_cluster: ExternalCluster, encoderpool_operator: InClusterOperator) -> Iterator[tuple[Pools, ClientPod]]:
+    """A namespace enforcing ``restricted`` (a bare pod is refused there) and a client pod in it."""
+    with pool_namespace(kind_cluster, encoderpool_operator, RESTRICTED, prefix="kind-restricted") as pools:
+        refuses_a_bare_pod(pools)
+        scripts_configmap(pools)
+        with ClientPod(pools) as client:
+            yield pools, client

@@ -4,7 +4,8 @@
 scripts of tests/kind/scripts/ in it with ``kubectl exec`` (mounted from a ConfigMap), so every
 request goes through the cluster's DNS (CoreDNS) to pod IPs, and through ClusterIPs where a
 Service has one. The pod passes the ``restricted`` Pod Security Standard, so it runs in any test
-namespace.
+namespace. ``run_to_completion`` runs one script in a pod of its own (with volumes of the test's,
+e.g. a claim mounted as another workload mounts it) and reads its answer from the pod's log.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from testkit.cluster.api import path_for, wait_for
+from testkit.cluster.api import ApiError, path_for, wait_for
 from testkit.cluster.objects import pod_ready, wait_for_pod
 from tests.e2e.pools import Pools
 from tests.kind.images import ENCODER_CPU_IMAGE
@@ -23,6 +24,8 @@ SCRIPTS = Path(__file__).with_name("scripts")
 SCRIPTS_CONFIGMAP = "kind-test-scripts"
 MOUNT = "/scripts"
 READY_SECONDS = 120.0
+UID = 10001  # the numeric USER of docker/Dockerfile.encoder-pod, the pools' pods' uid
+RESTRICTED = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "warn", "audit")}
 
 
 def scripts_configmap(pools: Pools) -> None:
@@ -36,13 +39,32 @@ def scripts_configmap(pools: Pools) -> None:
 
 def restricted_security() -> tuple[dict[str, Any], dict[str, Any]]:
     """(pod, container) securityContext that the restricted Pod Security Standard admits."""
-    pod = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}}
+    pod = {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "seccompProfile": {"type": "RuntimeDefault"}}
     container = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}
     return pod, container
 
 
-def script_pod(name: str, command: list[str], restart: str = "Never") -> dict[str, Any]:
-    """A pod of the encoder image running ``command`` with the scripts mounted at /scripts."""
+def refuses_a_bare_pod(pools: Pools, timeout: float = 30.0) -> None:
+    """Wait until PodSecurity refuses a pod without any securityContext in the namespace: the
+    ``restricted`` standard is enforced there (its admission reads the namespace's labels from a cache)."""
+    bare = {"metadata": {"generateName": "bare-"}, "spec": {"containers": [{"name": "c", "image": ENCODER_CPU_IMAGE}]}}
+
+    def refused() -> bool:
+        try:
+            admitted = pools.api.create(path_for("v1", "pods", pools.namespace), bare)
+        except ApiError as err:
+            assert err.status_code == 403 and 'violates PodSecurity "restricted' in err.message, err.message
+            return True
+        pools.api.delete(path_for("v1", "pods", pools.namespace, admitted["metadata"]["name"]), grace_period_seconds=0)
+        return False
+
+    wait_for(refused, timeout, f"PodSecurity to refuse a bare pod in {pools.namespace}", interval=1.0)
+
+
+def script_pod(name: str, command: list[str], restart: str = "Never", volumes: list[dict[str, Any]] | None = None,
+               mounts: list[dict[str, Any]] | None = None, memory: str = "512Mi") -> dict[str, Any]:
+    """A pod of the encoder image running ``command`` with the scripts mounted at /scripts (and
+    ``volumes`` mounted as ``mounts`` say; ``memory`` is its limit)."""
     pod_security, container_security = restricted_security()
     return {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}},
@@ -52,14 +74,31 @@ def script_pod(name: str, command: list[str], restart: str = "Never") -> dict[st
                 "name": "client", "image": ENCODER_CPU_IMAGE, "imagePullPolicy": "IfNotPresent",
                 "command": command, "securityContext": container_security,
                 "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
-                "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "512Mi"}},
+                "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": memory}},
                 "volumeMounts": [{"name": "scripts", "mountPath": MOUNT, "readOnly": True},
-                                 {"name": "tmp", "mountPath": "/tmp"}],
+                                 {"name": "tmp", "mountPath": "/tmp"}, *(mounts or [])],
             }],
             "volumes": [{"name": "scripts", "configMap": {"name": SCRIPTS_CONFIGMAP}},
-                        {"name": "tmp", "emptyDir": {}}],
+                        {"name": "tmp", "emptyDir": {}}, *(volumes or [])],
         },
     }
+
+
+def run_to_completion(pools: Pools, pod: dict[str, Any], timeout: float = 300.0) -> Any:
+    """Create ``pod`` (a :func:`script_pod` that ends), wait for it to end and delete it; the last
+    line of its log is JSON. A pod that did not succeed fails the test with its log."""
+    name = pod["metadata"]["name"]
+    scripts_configmap(pools)
+    pools.api.create(path_for("v1", "pods", pools.namespace), pod)
+    try:
+        ended = wait_for_pod(pools.api, pools.namespace, name,
+                             lambda p: p["status"].get("phase") in ("Succeeded", "Failed"), timeout, "to finish")
+        log = pools.kubectl("logs", name, check=False)
+        assert ended["status"]["phase"] == "Succeeded", \
+            f"pod {name} {ended['status']['phase']}: {ended['status'].get('containerStatuses')}\n{log.stdout[-3000:]}{log.stderr[-1000:]}"
+        return json.loads(log.stdout.strip().splitlines()[-1])
+    finally:
+        pools.api.delete(path_for("v1", "pods", pools.namespace, name), grace_period_seconds=0)
 
 
 class ClientPod:

@@ -11,16 +11,14 @@ reported with the reason users need.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from testkit.cluster.api import ApiError, path_for, wait_for
+from testkit.cluster.api import path_for, wait_for
 from testkit.cluster.objects import condition, pod_ready
-from tests.e2e.pools import EXAMPLES, Pools, load_example, pool_namespace, pool_ready
-from tests.kind.images import ENCODER_CPU_IMAGE
-from tests.kind.incluster import ClientPod, scripts_configmap
+from tests.e2e.pools import EXAMPLES, Pools, load_example, pool_ready
+from tests.kind.incluster import ClientPod
 
 pytestmark = pytest.mark.kind
 
@@ -28,20 +26,6 @@ EXAMPLE = "encoderpool-cpu.yaml"
 NAME = load_example(EXAMPLE)["metadata"]["name"]
 # Container start and model load by three processes (front + two workers) on a busy 2-core host.
 READY_SECONDS = 420.0
-RESTRICTED = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "warn", "audit")}
-
-
-@pytest.fixture
-def restricted(kind_cluster: Any, encoderpool_operator: Any) -> Iterator[tuple[Pools, ClientPod]]:
-    """A namespace enforcing ``restricted`` (a bare pod is refused there) and a client pod in it."""
-    with pool_namespace(kind_cluster, encoderpool_operator, RESTRICTED, prefix="kind-restricted") as pools:
-        bare = {"metadata": {"name": "bare"}, "spec": {"containers": [{"name": "c", "image": ENCODER_CPU_IMAGE}]}}
-        with pytest.raises(ApiError) as refused:
-            pools.api.create(path_for("v1", "pods", pools.namespace), bare)
-        assert refused.value.status_code == 403 and 'violates PodSecurity "restricted' in refused.value.message
-        scripts_configmap(pools)
-        with ClientPod(pools) as client:
-            yield pools, client
 
 
 def exec_in(pools: Pools, pod: str, *command: str) -> Any:

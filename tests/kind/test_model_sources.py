@@ -16,7 +16,7 @@ import hashlib
 
 import pytest
 
-from tests.e2e.pools import Pools, load_example, pool_ready
+from tests.e2e.pools import Pools, cpu_pool, pool_ready
 from tests.kind.incluster import ClientPod
 from tests.kind.volumes import claim, fill, tiny_checkpoints
 
@@ -25,13 +25,6 @@ pytestmark = pytest.mark.kind
 READY_SECONDS = 420.0
 REPO_ID = "encoderpool-e2e/qwen2-vl-tiny"
 COMMIT = hashlib.sha1(b"encoderpool-e2e tiny qwen2_vl").hexdigest()
-
-
-def cpu_pool(name: str, **spec: object) -> dict:
-    manifest = load_example("encoderpool-cpu.yaml")
-    manifest["metadata"]["name"] = name
-    manifest["spec"].update(parallelism={"tensor": 1, "data": 1}, **spec)
-    return manifest
 
 
 def encodes(client: ClientPod, pools: Pools, name: str) -> None:

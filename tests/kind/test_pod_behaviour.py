@@ -13,20 +13,13 @@ from typing import Any
 import pytest
 
 from testkit.cluster.objects import condition
-from tests.e2e.pools import Pools, load_example, pool_ready
+from tests.e2e.pools import Pools, cpu_pool, pool_ready
 from tests.kind.images import ENCODER_CPU_IMAGE
 from tests.kind.incluster import ClientPod, restricted_security
 
 pytestmark = pytest.mark.kind
 
 READY_SECONDS = 420.0
-
-
-def cpu_pool(name: str, **spec: Any) -> dict[str, Any]:
-    manifest = load_example("encoderpool-cpu.yaml")
-    manifest["metadata"]["name"] = name
-    manifest["spec"].update(parallelism={"tensor": 1, "data": 1}, **spec)
-    return manifest
 
 
 def exec_in(pools: Pools, pod: str, container: str, *command: str) -> Any:
