@@ -227,10 +227,13 @@ def fetch_container(spec: PoolSpec, image: str, mounts: list[dict[str, Any]]) ->
 
 
 def pod_security_context(spec: PoolSpec) -> dict[str, Any]:
-    """Non-root with the runtime's seccomp profile; a cache PVC is made writable through fsGroup."""
+    """Non-root with the runtime's seccomp profile; a claim the pod writes to (the model cache's, the
+    vLLM storage's) is made writable through fsGroup: a fresh volume's root belongs to root."""
     out: dict[str, Any] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
     cache = model_cache_volume(spec)
-    if cache is not None and "persistentVolumeClaim" in cache:
+    writes_a_claim = (cache is not None and "persistentVolumeClaim" in cache) or (
+        spec.vllm_storage is not None and bool(spec.vllm_storage.claim_name))
+    if writes_a_claim:
         # OnRootMismatch: a large shared cache is not chowned file by file at every pod start.
         out.update(fsGroup=RUN_AS_USER, fsGroupChangePolicy="OnRootMismatch")
     return out

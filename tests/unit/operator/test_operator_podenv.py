@@ -187,7 +187,7 @@ def test_value_from_is_passed_through(make_pool: Callable[..., Pool]) -> None:
 
 def test_a_vllm_pool_renders_the_face_settings_the_pod_reads(make_pool: Callable[..., Pool]) -> None:
     """spec.vllm and spec.vllmStorage become the pod's vLLM settings (parsed back by the pod's own loader) and the /vllm-ec volume."""
-    from encoderpool_operator.podparts import volumes_and_mounts
+    from encoderpool_operator.podparts import pod_security_context, volumes_and_mounts
 
     spec = make_pool({"model": "hf://Qwen/Qwen2.5-VL-7B-Instruct", "vllmStorage": {"claimName": "ec-shared"},
                       "vllm": {"modelID": "Qwen/Qwen2.5-VL-7B-Instruct", "hasherAlgorithm": "sha256", "dtype": "bfloat16",
@@ -199,8 +199,11 @@ def test_a_vllm_pool_renders_the_face_settings_the_pod_reads(make_pool: Callable
     volumes, mounts = volumes_and_mounts(spec)
     assert {"name": "vllm-ec", "persistentVolumeClaim": {"claimName": "ec-shared"}} in volumes
     assert {"name": "vllm-ec", "mountPath": "/vllm-ec"} in mounts
+    # The pod's user can write to a fresh claim, whose root belongs to root.
+    assert pod_security_context(spec)["fsGroup"] == 10001
     own = make_pool({"model": "/m", "vllmStorage": {}}).spec
     assert {"name": "vllm-ec", "emptyDir": {}} in volumes_and_mounts(own)[0]
+    assert "fsGroup" not in pod_security_context(own), "an emptyDir is the pod's own"
     assert load_settings(env=encoder_settings(own)).vllm.vllm_storage_path == "/vllm-ec"
     plain = make_pool({"model": "/m"}).spec
     assert "vllm-ec" not in str(volumes_and_mounts(plain)) and load_settings(env=encoder_settings(plain)).vllm.vllm_storage_path is None
