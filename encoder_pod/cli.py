@@ -4,7 +4,9 @@ The one place where errors become exit codes (:class:`~encoder_pod.exitcodes.Exi
 setting is ``BAD_SETTINGS`` (2), a model path without a checkpoint (or a hub id that cannot be
 resolved) ``MODEL_LOAD_FAILED`` (3), and so is a checkpoint no path of this pod can serve (an unknown
 architecture, remote code only, a processor that needs torchvision): refused before the server
-starts, never left up unready; or one the generic path fails to load (the server stops at once).
+starts, never left up unready; and so is a model whose load fails once the server runs (the server
+stops at once; behind a data-parallel front, once a worker refused the checkpoint or a rank was
+given up).
 """
 
 from __future__ import annotations
@@ -113,24 +115,25 @@ def _exit_now(message: str, code: ExitCode) -> NoReturn:
     import os
 
     logging.shutdown()
-    print(message, file=sys.stderr)
+    print(" ".join(message.splitlines()), file=sys.stderr)  # one line: the operator quotes the last one
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from encoder_pod.errors import ModelLoadFailed
     from encoder_pod.models.servable import CheckpointRefused
 
     try:
         settings = _resolved(load_settings(cli=vars(args)))
-        _refuse_unservable(settings)  # at once: not after a background load that leaves the pod unready
+        _refuse_unservable(settings)  # at once: not after the imports and a background load
         from encoder_pod.server import serve
 
         try:
             serve(settings)  # builds the engine first: a model the settings cannot serve is refused there
-        except CheckpointRefused as exc:  # the load refused it: the server has stopped
-            _exit_now(f"encoder-pod: model load failed: {exc}", ExitCode.MODEL_LOAD_FAILED)
+        except ModelLoadFailed as exc:  # the load failed: the server (and any worker) has stopped
+            _exit_now(f"encoder-pod: model load failed: {exc.message}", ExitCode.MODEL_LOAD_FAILED)
     except (ModelPathError, CheckpointRefused) as exc:
         print(f"encoder-pod: model load failed: {exc}", file=sys.stderr)
         return ExitCode.MODEL_LOAD_FAILED

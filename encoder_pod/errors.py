@@ -203,3 +203,16 @@ _BY_KIND: dict[ErrorKind, type[EncoderError]] = {
     ErrorKind.TRANSFER_FAILED: TransferFailed,
     ErrorKind.INTERNAL: InternalError,
 }
+
+
+class ModelLoadFailed(Exception):
+    """The model did not load, so this pod can serve nothing: the server stops and the process
+    exits ``MODEL_LOAD_FAILED`` with ``encoder-pod: model load failed: <message>`` as its last line.
+
+    No caller is answered with it (it is no :class:`EncoderError`): it goes from the runtime or
+    the data-parallel front to the server, which stops, and from there to the CLI.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message

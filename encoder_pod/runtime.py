@@ -30,6 +30,7 @@ from encoder_pod.errors import (
     InvalidRequest,
     ItemError,
     MediaError,
+    ModelLoadFailed,
     NotReady,
     RequestTimeout,
     ShuttingDown,
@@ -56,8 +57,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-OnRefused = Callable[[CheckpointRefused], None]
-"""Called (on the event loop) when the load found that this pod cannot serve the checkpoint."""
+OnLoadFailed = Callable[[ModelLoadFailed], None]
+"""Called (on the event loop) when the load failed, whatever the reason: nothing was admitted yet."""
+
 
 class EncoderRuntime:
     """Everything one model replica needs to answer /encode, minus the transport."""
@@ -70,19 +72,24 @@ class EncoderRuntime:
         adapter_loader: AdapterLoader = load_adapter,
         transfer: TransferRouter | None = None,
         profiler: Profiler | None = None,
-        on_refused: OnRefused | None = None,
+        on_load_failed: OnLoadFailed | None = None,
     ) -> None:
-        """``on_refused``: what to do when the load raises :class:`CheckpointRefused` (the pod's
-        server stops and exits ``MODEL_LOAD_FAILED``); without it the replica stays FAILED."""
+        """``on_load_failed``: what to do when the load fails (the pod's server stops and exits
+        ``MODEL_LOAD_FAILED``); without it (a data-parallel worker) the replica stays FAILED."""
         self.settings = settings
         self.metrics = metrics or ReplicaMetrics()
         self.state = ReplicaState.LOADING
         self.step: LoadStep | None = LoadStep.LOADING_WEIGHTS
         """What the replica does while LOADING (None once loaded or failed)."""
         self.load_error: str | None = None
+        """Why the load failed: the exception's type and message, or a refusal's message alone
+        (it names what happened: ``cannot serve model_type ...``)."""
+        self.load_refused = False
+        """The load raised :class:`CheckpointRefused`: this pod cannot serve the checkpoint, and
+        loading it again would fail the same way (a data-parallel front does not retry it)."""
         self.adapter: EncoderAdapter | None = None
         self._loader = adapter_loader
-        self._on_refused = on_refused
+        self._on_load_failed = on_load_failed
         self._transfer = transfer or TransferRouter(
             settings.transfer, max_registrations=settings.admission.max_queue, bind_host=settings.server.host,
         )
@@ -126,10 +133,12 @@ class EncoderRuntime:
                 self._namespace = await asyncio.to_thread(model_namespace, adapter.identity(), self.settings)
                 self._cache.store.bind(self._namespace)  # another model than before: emptied
         except Exception as exc:  # noqa: BLE001 - any load failure is reported, never raised
-            self.state, self.step, self.load_error = ReplicaState.FAILED, None, f"{type(exc).__name__}: {exc}"
+            self.load_refused = isinstance(exc, CheckpointRefused)
+            self.load_error = str(exc) if self.load_refused else f"{type(exc).__name__}: {exc}"
+            self.state, self.step = ReplicaState.FAILED, None
             log.error("model load failed: %s", self.load_error)
-            if isinstance(exc, CheckpointRefused) and self._on_refused is not None:
-                self._on_refused(exc)
+            if self._on_load_failed is not None:
+                self._on_load_failed(ModelLoadFailed(self.load_error))
             return
         freeze_startup_objects()  # before serving: a full GC pass over the model stack would stall the loop
         self.readiness.success.record()  # the warmup was a real encode of the health item, all four stages

@@ -7,10 +7,11 @@ uvicorn: the signal handlers, and the listener and connections closed as the dra
 (:class:`_Server` is its :class:`~encoder_pod.drain.Listener`). When the drain is over, uvicorn
 shuts down as usual (nothing is left for it to close), the engine stops and the process exits 0.
 
-A load that finds the checkpoint unservable (:class:`~encoder_pod.models.servable.CheckpointRefused`,
-raised by the generic path) stops uvicorn the same way and :func:`serve` raises it, so the CLI
-exits ``MODEL_LOAD_FAILED`` naming the model type and the reason rather than the pod staying up
-unready. (Single process; a data-parallel front counts its workers' failed starts instead.)
+A model that does not load stops uvicorn the same way (nothing was admitted: nothing is drained)
+and :func:`serve` raises :class:`~encoder_pod.errors.ModelLoadFailed`, so the CLI exits
+``MODEL_LOAD_FAILED`` with the reason rather than the pod staying up unready: in one process, any
+failure of the load (a refused checkpoint names its model type); behind the data-parallel front, a
+worker whose load refused the checkpoint, or a rank given up after ENCODER_DP_MAX_FAILED_STARTS.
 """
 
 from __future__ import annotations
@@ -37,8 +38,7 @@ from encoder_pod.api.http_server import create_app
 from encoder_pod.api.lifecycle import Lifecycle, check_ready
 from encoder_pod.drain import Drain, DrainHook
 from encoder_pod.discovery.registrar import Registrar, advertised_url
-from encoder_pod.errors import EncoderError
-from encoder_pod.models.servable import CheckpointRefused
+from encoder_pod.errors import EncoderError, ModelLoadFailed
 from encoder_pod.settings import EncoderSettings
 from encoder_pod.transfer.mooncake_engine import local_ip
 
@@ -57,16 +57,16 @@ ACCEPT_QUEUE_S = 2.0
 """Longest :meth:`_Server.stop_accepting` waits for the event loop to accept what the kernel queued."""
 
 
-def build_engine(settings: EncoderSettings, on_refused: Callable[[CheckpointRefused], None] | None = None) -> Engine:
-    """One runtime in this process (``on_refused`` is its :data:`~encoder_pod.runtime.OnRefused`),
-    or the data-parallel front over worker processes."""
+def build_engine(settings: EncoderSettings, on_load_failed: Callable[[ModelLoadFailed], None] | None = None) -> Engine:
+    """One runtime in this process, or the data-parallel front over worker processes; either calls
+    ``on_load_failed`` (on the event loop) when the pod's model cannot be loaded."""
     if settings.parallel.dp_size > 1 or settings.parallel.tp_size > 1:
         from encoder_pod.parallel.front import DataParallelFront
 
-        return DataParallelFront(settings)
+        return DataParallelFront(settings, on_load_failed=on_load_failed)
     from encoder_pod.runtime import EncoderRuntime
 
-    return EncoderRuntime(settings, on_refused=on_refused)
+    return EncoderRuntime(settings, on_load_failed=on_load_failed)
 
 
 def _complete_no_handshake(sock: Any) -> bool:
@@ -95,8 +95,8 @@ class _Server(uvicorn.Server):
         self._drain = drain
         self._registrar = registrar
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.refused: CheckpointRefused | None = None
-        """Set by :meth:`refuse`: why the model cannot be served (:func:`serve` raises it once stopped)."""
+        self.load_failure: ModelLoadFailed | None = None
+        """Set by :meth:`load_failed`: why the model cannot be served (:func:`serve` raises it once stopped)."""
 
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets)
@@ -132,9 +132,10 @@ class _Server(uvicorn.Server):
             return
         self._loop.call_soon_threadsafe(self._drain.on_signal, sig, self, self._drained)
 
-    def refuse(self, exc: CheckpointRefused) -> None:
-        """The load refused the checkpoint (called on the event loop): stop now, nothing was admitted."""
-        self.refused = exc
+    def load_failed(self, exc: ModelLoadFailed) -> None:
+        """The model did not load (called on the event loop): stop now, nothing was admitted."""
+        if self.load_failure is None:  # the first reason is the one the CLI prints
+            self.load_failure = exc
         self.config.timeout_graceful_shutdown = 1  # a client's idle keep-alive connection does not hold the exit
         self.should_exit = True
 
@@ -170,16 +171,16 @@ class _Server(uvicorn.Server):
 
 def serve(settings: EncoderSettings, drain_hooks: Sequence[DrainHook] = ()) -> None:
     """Serve until SIGTERM/SIGINT, then drain (see the module docstring) and return; raises
-    :class:`~encoder_pod.models.servable.CheckpointRefused` when the load refused the checkpoint."""
+    :class:`~encoder_pod.errors.ModelLoadFailed` when the model did not load (the server has stopped)."""
     logging.basicConfig(
         level=settings.observability.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     log.info("effective settings: %s", settings.masked())
 
-    def refuse(exc: CheckpointRefused) -> None:
-        server.refuse(exc)  # the load runs only once the server below runs
+    def load_failed(exc: ModelLoadFailed) -> None:
+        server.load_failed(exc)  # the load runs only once the server below runs
 
-    engine = build_engine(settings, refuse)
+    engine = build_engine(settings, load_failed)
     lifecycle = Lifecycle()
     app = create_app(settings, engine, lifecycle)
     registrar = None
@@ -204,5 +205,5 @@ def serve(settings: EncoderSettings, drain_hooks: Sequence[DrainHook] = ()) -> N
     drain = Drain(lifecycle, engine, settings.drain_timeout_s(), hooks)
     server = _Server(config, engine, drain, registrar)
     server.run()
-    if server.refused is not None:
-        raise server.refused
+    if server.load_failure is not None:
+        raise server.load_failure

@@ -21,7 +21,8 @@ No family code: the model's own class, processor and feature method do the work.
   tensor missing from the shards, a processor that cannot be opened, rows that do not add up) is
   raised as :class:`~encoder_pod.models.servable.CheckpointRefused` naming the model type and
   the reason: the pod exits with ``MODEL_LOAD_FAILED`` (3), as when the start-up check refuses a
-  checkpoint, instead of staying up unready.
+  checkpoint; behind a data-parallel front the worker is not restarted (it would fail the same
+  way), the pod exits 3 naming it.
 - **Batching.** One processor call and one feature call for every item of the batch, where the
   processor's outputs concatenate; where they do not (ragged outputs), one call per item.
 

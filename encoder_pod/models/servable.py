@@ -5,7 +5,8 @@ architecture transformers does not know, one that exists only as remote code, a 
 without feature methods, a processor that needs torchvision) stops the process at once with exit
 code 3 and a message naming the model type and the reason, as a missing model path does, so that
 Kubernetes restarts it visibly and the operator reports ``ModelLoadFailed`` quoting the message.
-Otherwise the pod would start, fail in its background load and stay up unready for good.
+Otherwise the pod would start and fail only once its background load ran (after the imports and
+the weights; behind a data-parallel front, in every worker).
 
 Reads config.json and the processor files; imports transformers (its tables of known model types,
 model classes and image processors), never torch weights.

@@ -30,6 +30,7 @@ from encoder_pod.errors import (
     Draining,
     EncoderError,
     InvalidRequest,
+    ModelLoadFailed,
     NotReady,
     RequestTimeout,
     ShuttingDown,
@@ -79,6 +80,7 @@ class FrontState(str, Enum):
     READY = "ready"
     DEGRADED = "degraded"
     FAILED = "failed"
+    """A rank was given up; the pod stops (exit code 3) unless nothing is told (a front built alone)."""
     DRAINING = "draining"
     STOPPING = "stopping"
 
@@ -86,7 +88,11 @@ class FrontState(str, Enum):
 class DataParallelFront:
     """Routes /encode over ``dp_size`` worker processes, each one model replica."""
 
-    def __init__(self, settings: EncoderSettings) -> None:
+    def __init__(self, settings: EncoderSettings, on_load_failed: Callable[[ModelLoadFailed], None] | None = None) -> None:
+        """``on_load_failed``: called once (on the event loop) when a rank is given up, its load having
+        refused the checkpoint or failed ENCODER_DP_MAX_FAILED_STARTS starts in a row: the pod's
+        server stops (this front with it) and exits ``MODEL_LOAD_FAILED``. Without it the front
+        stays up, failed."""
         parallel = settings.parallel
         if parallel.tp_size > 1:
             # Before any worker starts: a model that cannot be split stops the pod with the reason
@@ -112,6 +118,8 @@ class DataParallelFront:
         self._calls = Calls(admission.req_timeout)
         self._keys = KeyRouting(self._registry) if settings.cache.cache_size_mb else None
         self._offload = Offload(name="front-offload")
+        self._on_load_failed = on_load_failed
+        self._load_failure: ModelLoadFailed | None = None
         self._draining = False
         self._stopping = False
         self._ipc: IpcDir | None = None
@@ -135,7 +143,8 @@ class DataParallelFront:
         self._results.setsockopt(zmq.LINGER, 0)
         self._results.bind(self._ipc.results)
         self._supervisor = Supervisor(
-            self.settings, self._placements, self._ipc, self._zctx, self._router, self._dp_metrics, self._on_rank_down
+            self.settings, self._placements, self._ipc, self._zctx, self._router, self._dp_metrics, self._on_rank_down,
+            self._on_given_up,
         )
         self._recv_task = asyncio.create_task(self._recv_loop(), name="dp-results")
         self._supervisor.start_all()
@@ -202,6 +211,15 @@ class DataParallelFront:
             n = self._router.fail_waiters(NoWorker)
             if n:
                 log.error("no worker is ready: %d waiting requests answered 503", n)
+
+    def _on_given_up(self, rank: int, reason: str) -> None:
+        """A rank will not start again: the pod cannot serve its model (the first such rank is named)."""
+        if self._load_failure is not None or self._stopping:
+            return
+        self._load_failure = ModelLoadFailed(f"worker {rank}: {reason}")
+        if self._on_load_failed is not None:
+            log.error("stopping: %s", self._load_failure.message)
+            self._on_load_failed(self._load_failure)
 
     # --- /encode ----------------------------------------------------------------------------
     def _handles(self) -> list[WorkerRecord]:

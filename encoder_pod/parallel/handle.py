@@ -66,6 +66,8 @@ class Incarnation:
     health_error: str | None = None
     stalled: bool = False
     """Its tensor-parallel group reported a silent rank."""
+    refused: bool = False
+    """Its load reported that this pod cannot serve the checkpoint (never retried)."""
     kill_reason: str | None = None
     """Set when the front itself killed the process (hung), so its death is counted as that."""
     calls: dict[int, asyncio.Future[Any]] = field(default_factory=dict)

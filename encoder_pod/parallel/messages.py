@@ -32,7 +32,7 @@ from encoder_pod.readiness import LoadStep, ReplicaState
 Frame = bytes | bytearray | memoryview
 """One raw frame of a multipart message."""
 
-WIRE_VERSION = 6
+WIRE_VERSION = 7
 """Bumped on any change of a struct; both ends are one install, so a mismatch is a bug."""
 
 
@@ -185,6 +185,9 @@ class Status:
     """Why it is not ready (None when healthy)."""
     stalled: bool = False
     """A rank of its tensor-parallel group stopped sending heartbeats: route nothing new here."""
+    refused: bool = False
+    """The load failed because this pod cannot serve the checkpoint (``error`` says why): every
+    start would fail the same way, so the front gives the rank up at once instead of retrying."""
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,11 @@ Death is noticed through each process's sentinel (a file descriptor that becomes
 the process exits) registered on the front's event loop, so a SIGKILL or OOM kill is seen within
 milliseconds, without polling. The calls a dead worker held are failed with 503 at once; the
 rank leaves the router and comes back only when its successor reports its model loaded.
+
+A start that never got ready is a failed start, retried (a GPU can fail transiently) until
+ENCODER_DP_MAX_FAILED_STARTS in a row; a load that refused the checkpoint is not retried (it
+would fail the same way). Either way the rank is given up and the front is told
+(``on_given_up``): the pod cannot serve its model and stops, exit code ``MODEL_LOAD_FAILED``.
 """
 
 from __future__ import annotations
@@ -42,6 +47,10 @@ LOADING_SILENCE_S = 60.0
 busy host), at least; ENCODER_DP_HEARTBEAT_TIMEOUT applies once it is ready."""
 LIVENESS_TICK_S = 0.25
 """How often heartbeats are checked for staleness."""
+FINAL_STATUS_S = 2.0
+"""How long a worker that exited ``MODEL_LOAD_FAILED`` may take to have its last status read: it
+sends it before it exits (whether the load refused the checkpoint), but the front may see the
+exit first."""
 
 
 def restart_delay(base: float, quick_deaths: int) -> float:
@@ -84,7 +93,10 @@ class Supervisor:
         router: Router,
         metrics: DataParallelMetrics,
         on_rank_down: Callable[[int], None],
+        on_given_up: Callable[[int, str], None],
     ) -> None:
+        """``on_rank_down(rank)``: a worker left service; ``on_given_up(rank, reason)``: a rank will
+        not be started again (its load refused the checkpoint, or it failed too many starts)."""
         self.settings = settings
         self.handles = [WorkerRecord(p.rank, p) for p in placements]
         self._ipc = ipc
@@ -92,6 +104,7 @@ class Supervisor:
         self._router = router
         self._metrics = metrics
         self._on_rank_down = on_rank_down
+        self._on_given_up = on_given_up
         self._mp = multiprocessing.get_context("spawn")
         self._restarts: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -176,6 +189,7 @@ class Supervisor:
         inc.report = msg.report if msg.report is not None else inc.report
         if msg.error:
             handle.last_error = msg.error
+        inc.refused = inc.refused or msg.refused
         if handle.state not in (RankState.STARTING, RankState.READY):
             return
         inc.metrics = msg.metrics if msg.metrics is not None else inc.metrics
@@ -241,6 +255,10 @@ class Supervisor:
         deadline = time.monotonic() + 10
         while process.exitcode is None and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+        if process.exitcode == ExitCode.MODEL_LOAD_FAILED:
+            deadline = time.monotonic() + FINAL_STATUS_S
+            while inc.replica is not ReplicaState.FAILED and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)  # its last status (error, refused) is on its way
         reason, text = describe_exit(process.exitcode)
         if inc.kill_reason == "hung":
             reason, text = "hung", f"killed after {self.settings.parallel.dp_heartbeat_timeout:g}s without a heartbeat"
@@ -253,22 +271,24 @@ class Supervisor:
         self._metrics.deaths.labels(rank=str(handle.rank), reason=reason).inc()
         log.error("rank %d: worker pid %d died: %s; %d held requests answered 503", handle.rank, inc.pid, text, held)
         if handle.current is inc:
-            self._schedule_restart(handle, inc.ready_at)
+            self._schedule_restart(handle, inc.ready_at, refused=inc.refused and inc.ready_at is None)
 
-    def _schedule_restart(self, handle: WorkerRecord, ready_at: float | None) -> None:
-        """``ready_at``: when the incarnation that died got ready (None: it never did, a failed start)."""
+    def _schedule_restart(self, handle: WorkerRecord, ready_at: float | None, refused: bool = False) -> None:
+        """``ready_at``: when the incarnation that died got ready (None: it never did, a failed start);
+        ``refused``: its load refused the checkpoint (the rank is given up, not restarted)."""
         assert self._loop is not None
         now = time.monotonic()
         if ready_at is None:
             handle.failed_starts += 1
         stable = ready_at is not None and now - ready_at >= STABLE_S
         handle.quick_deaths = 1 if stable else handle.quick_deaths + 1
+        last = handle.last_error or handle.last_exit or "unknown"
+        if refused:
+            self._give_up(handle, last)
+            return
         if handle.failed_starts >= self.settings.parallel.dp_max_failed_starts:
-            handle.state = RankState.FAILED
-            log.error(
-                "rank %d: given up after %d failed starts (ENCODER_DP_MAX_FAILED_STARTS); last error: %s",
-                handle.rank, handle.failed_starts, handle.last_error or handle.last_exit,
-            )
+            log.error("rank %d: %d failed starts in a row (ENCODER_DP_MAX_FAILED_STARTS)", handle.rank, handle.failed_starts)
+            self._give_up(handle, f"{last} (after {handle.failed_starts} failed starts)")
             return
         delay = restart_delay(self.settings.parallel.dp_restart_backoff, handle.quick_deaths)
         handle.state, handle.restart_at = RankState.RESTARTING, now + delay
@@ -276,6 +296,12 @@ class Supervisor:
         task = self._loop.create_task(self._restart_later(handle, delay, handle.generation))
         self._restarts.add(task)
         task.add_done_callback(self._restarts.discard)
+
+    def _give_up(self, handle: WorkerRecord, reason: str) -> None:
+        """The rank will not be started again: the front stops the pod (it cannot serve its model)."""
+        handle.state = RankState.FAILED
+        log.error("rank %d: given up: %s", handle.rank, reason)
+        self._on_given_up(handle.rank, reason)
 
     async def _restart_later(self, handle: WorkerRecord, delay: float, generation: int) -> None:
         await asyncio.sleep(delay)

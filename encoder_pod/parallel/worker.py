@@ -146,9 +146,9 @@ class WorkerServer:
             await self._shutdown()
             return ExitCode.OK
         if loaded.result() is ReplicaState.FAILED:
-            await self._send(self._status())
+            await self._send(self._status())  # the error and whether it is a refusal, before the exit
             stop.cancel()
-            return ExitCode.MODEL_LOAD_FAILED  # the front counts a failed start, not a crash
+            return ExitCode.MODEL_LOAD_FAILED  # the front counts a failed start (or gives a refusal up), not a crash
         await self._send(self._status())
         await stop
         await self._shutdown()
@@ -289,9 +289,10 @@ class WorkerServer:
         state: ReplicaState = ReplicaState.LOADING
         step: LoadStep | None = LoadStep.IMPORTING
         report = metrics = error = None
+        refused = False
         health_error: str | None = "model is still loading"
         if rt is not None:
-            state, step, error = rt.state, rt.step, rt.load_error
+            state, step, error, refused = rt.state, rt.step, rt.load_error, rt.load_refused
             report = rt.report()
             metrics = sample_families(rt.metric_families())
             not_ready = rt.not_ready()
@@ -312,6 +313,7 @@ class WorkerServer:
             healthy=health_error is None,
             health_error=health_error,
             stalled=bool(silent),
+            refused=refused,
         )
 
     async def _heartbeat_loop(self) -> None:

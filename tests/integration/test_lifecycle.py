@@ -18,6 +18,7 @@ import pytest
 from PIL import Image
 
 from encoder_pod.errors import NotReady
+from encoder_pod.exitcodes import ExitCode
 from encoder_pod.models.registry import load_adapter
 from encoder_pod.readiness import ReplicaState as State
 from encoder_pod.runtime import EncoderRuntime
@@ -137,7 +138,10 @@ def test_health_503_while_loading_then_200(tiny_model):
     asyncio.run(scenario())
 
 
-def test_bad_checkpoint_never_ready(tiny_model, tmp_path):
+def test_a_checkpoint_that_does_not_load_stops_the_pod_with_exit_code_3(tiny_model, tmp_path):
+    # Not a refusal: the checkpoint passes the start-up check and its adapter's load raises (corrupt
+    # weights). Before, the pod stayed up unready for good (/health 503, state failed), which the
+    # operator saw as Starting forever; it reads ModelLoadFailed from exit code 3 and the last line.
     import shutil
 
     broken = tmp_path / "broken"
@@ -145,15 +149,15 @@ def test_bad_checkpoint_never_ready(tiny_model, tmp_path):
     for f in broken.glob("*.safetensors"):
         f.write_bytes(b"not a safetensors file")
     server = EncoderServer(broken).start(wait_ready=False)
+    assert server.proc is not None
     try:
-        server.wait_status("/server_info", 200, 60)
-        deadline = time.monotonic() + 60
-        while (info := httpx.get(server.base_url + "/server_info", timeout=5).json())["state"] == "loading":
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        assert info["state"] == "failed" and info["load_error"]
-        health = httpx.get(server.base_url + "/health", timeout=5)
-        assert health.status_code == 503 and "failed to load" in health.json()["message"]
-        assert encode(server.base_url, "x", [png_data_uri(8, 8)]).status_code == 503
+        code = server.proc.wait(120)  # interpreter start, imports, the load: seconds; never staying up
     finally:
-        server.stop()
+        server.stop(timeout=10)
+    log = server.log_text()
+    assert code == ExitCode.MODEL_LOAD_FAILED, log[-3000:]
+    last = log.strip().splitlines()[-1]
+    assert last.startswith("encoder-pod: model load failed: SafetensorError: "), log[-3000:]  # type and message
+    reason = last.removeprefix("encoder-pod: model load failed: ")
+    assert f"encoder_pod.runtime: model load failed: {reason}" in log, log[-3000:]  # as the runtime's load_error has it
+    assert "Traceback" not in log

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -52,11 +53,28 @@ CASES = {
 }
 
 
-def serve_until_exit(model_dir: Path) -> subprocess.CompletedProcess[str]:
+def serve_until_exit(model_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "encoder_pod.cli", "serve", "--model-path", str(model_dir),
-           "--host", "127.0.0.1", "--port", str(free_port())]
+           "--host", "127.0.0.1", "--port", str(free_port()), *args]
     # Generous: a loaded machine imports transformers slowly. A server that stays up would hit it.
-    return subprocess.run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=240)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ENCODER_LOG_LEVEL": "info"}
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+
+
+def paligemma_missing_a_tower_tensor(tmp_path: Path) -> tuple[Path, str]:
+    """A PaliGemma checkpoint (the generic path's) that passes the start-up check, but whose index
+    lost one tensor of the vision tower (an interrupted or hand-pruned download): only loading
+    finds out. Returns the directory and the lost tensor's name."""
+    from encoder_pod.models.tiny_generic import build_tiny
+
+    model_dir = tmp_path / "paligemma"
+    build_tiny("paligemma", model_dir)
+    index_file = model_dir / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    lost = sorted(key for key in index["weight_map"] if "vision_tower" in key)[0]
+    del index["weight_map"][lost]
+    index_file.write_text(json.dumps(index))
+    return model_dir, lost
 
 
 def operator_diagnosis(done: subprocess.CompletedProcess[str]) -> tuple[str, str]:
@@ -95,18 +113,8 @@ def test_unservable_checkpoint_exits_3_naming_model_type_and_reason(case: str, t
 
 
 def test_a_checkpoint_the_generic_path_fails_to_load_exits_3_naming_model_type_and_reason(tmp_path: Path) -> None:
-    # A PaliGemma checkpoint (the generic path's) that passes the start-up check, but whose index
-    # lost one tensor of the vision tower (an interrupted or hand-pruned download): only loading
-    # finds out. Before, the pod stayed up unready for good (/health 503, state failed).
-    from encoder_pod.models.tiny_generic import build_tiny
-
-    model_dir = tmp_path / "paligemma"
-    build_tiny("paligemma", model_dir)
-    index_file = model_dir / "model.safetensors.index.json"
-    index = json.loads(index_file.read_text())
-    lost = sorted(key for key in index["weight_map"] if "vision_tower" in key)[0]
-    del index["weight_map"][lost]
-    index_file.write_text(json.dumps(index))
+    # Before, the pod stayed up unready for good (/health 503, state failed).
+    model_dir, lost = paligemma_missing_a_tower_tensor(tmp_path)
 
     done = serve_until_exit(model_dir)
 
@@ -117,3 +125,38 @@ def test_a_checkpoint_the_generic_path_fails_to_load_exits_3_naming_model_type_a
     assert "Traceback" not in done.stderr
     problem, detail = operator_diagnosis(done)
     assert problem == podstate.MODEL_LOAD_FAILED and "paligemma" in detail, detail
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+
+
+def test_a_data_parallel_worker_whose_load_refuses_the_checkpoint_stops_the_pod_after_one_start(tmp_path: Path) -> None:
+    # The same refusal behind the data-parallel front: deterministic, so no rank is restarted
+    # (ENCODER_DP_MAX_FAILED_STARTS does not apply); the first refusal stops every worker and the
+    # pod exits 3 naming the worker, the model type and the reason. Before, each rank was retried
+    # up to 5 times and the front then stayed up failed for good.
+    model_dir, lost = paligemma_missing_a_tower_tensor(tmp_path)
+
+    done = serve_until_exit(model_dir, "--dp-size", "2")
+
+    log = done.stderr
+    assert done.returncode == ExitCode.MODEL_LOAD_FAILED, log[-4000:]
+    last = log.strip().splitlines()[-1]
+    refused = re.fullmatch(
+        r"encoder-pod: model load failed: worker [01]: cannot serve model_type 'paligemma': "
+        r"the generic path cannot load it: .+", last,
+    )
+    assert refused is not None and "failed starts" not in last, log[-4000:]
+    assert lost.rsplit(".", 1)[0].split("vision_tower.", 1)[-1] in last, last  # the tensor is named
+    starts = re.findall(r"rank (\d): worker pid (\d+) started", log)
+    assert sorted(rank for rank, _ in starts) == ["0", "1"], log[-4000:]  # one start per rank
+    assert "restart #" not in log and "restarting in" not in log, log[-4000:]
+    assert not any(_alive(int(pid)) for _, pid in starts), starts
+    assert "Traceback" not in log
+    problem, detail = operator_diagnosis(done)
+    assert problem == podstate.MODEL_LOAD_FAILED and "worker" in detail and "paligemma" in detail, detail

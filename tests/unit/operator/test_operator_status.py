@@ -48,6 +48,14 @@ TABLE: dict[str, tuple[int, list[dict[str, Any]], dict[str, Any], tuple[str, boo
         + "encoder-pod: model load failed: cannot serve model_type 'ovis2': the generic path cannot load it")}], {},
         ("ModelLoadFailed", False, "Starting", "ModelLoadFailed", 0, 1,
          "exit code 3: encoder-pod: model load failed: cannot serve model_type 'ovis2'")),
+    # A data-parallel pod stopped by a rank given up: the line names the worker and the count.
+    "data-parallel rank given up": (1, [{"ready": False, "container": crash(
+        3, "INFO encoder_pod.parallel.front: data-parallel front stopped\nINFO:     Finished server process [7]\n"
+        + "encoder-pod: model load failed: worker 1: SafetensorError: Error while deserializing header: "
+        "header too large (after 5 failed starts)")}], {},
+        ("ModelLoadFailed", False, "Starting", "ModelLoadFailed", 0, 1,
+         "exit code 3: encoder-pod: model load failed: worker 1: SafetensorError: Error while deserializing "
+         "header: header too large (after 5 failed starts)")),
     "crash loop": (1, [{"ready": False, "container": crash(139, "Segmentation fault")}], {},
                    ("CrashLoop", False, "Starting", "CrashLoop", 0, 1, "last exit code 139")),
     "out of memory": (1, [{"ready": False, "container": crash(137, reason="OOMKilled")}], {},

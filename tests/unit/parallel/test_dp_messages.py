@@ -78,7 +78,9 @@ def test_enums_come_back_typed():
     assert isinstance(status.metrics[0], MetricFamily) and isinstance(status.metrics[0].samples[0], MetricSample)
     assert status.step is None
     loading, _ = unpack(pack(Status(0, 1, 123, ReplicaState.LOADING, LoadStep.WARMING_UP, 0.5)))
-    assert isinstance(loading, Status) and loading.step is LoadStep.WARMING_UP
+    assert isinstance(loading, Status) and loading.step is LoadStep.WARMING_UP and not loading.refused
+    refused, _ = unpack(pack(Status(0, 1, 123, ReplicaState.FAILED, None, 2.0, error="cannot serve model_type 'x': y", refused=True)))
+    assert isinstance(refused, Status) and refused.refused is True and refused.error == "cannot serve model_type 'x': y"
 
 
 def test_replica_report_comes_back_typed():
