@@ -177,6 +177,15 @@ class KubeClient:
         """All EncoderPools in one namespace, or in all of them (None)."""
         return list(self.request("GET", resource_path(names.KIND, namespace)).get("items") or [])
 
+    def serves_pools(self) -> bool:
+        """Whether the API server serves EncoderPools yet (its discovery lists them; 404 before the
+        CRD is established)."""
+        try:
+            found = self.request("GET", f"/apis/{names.API_VERSION}")
+        except errors.NotFoundError:
+            return False
+        return any(r.get("name") == names.PLURAL for r in (found or {}).get("resources") or [])
+
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """Pods matching a label selector."""
         found = self.request("GET", resource_path("Pod", namespace), query={"labelSelector": selector})

@@ -27,10 +27,13 @@ SnapshotSource = Callable[[str, str], Snapshot]
 
 
 class EngineClient(Client, Protocol):
-    """The reconcile client plus listing pools, for the resync."""
+    """The reconcile client plus listing pools, for the resync, and whether pools are served, for the start."""
 
     def list_pools(self, namespace: str | None) -> list[dict[str, Any]]:
         """Pools in one namespace, or in all (None)."""
+
+    def serves_pools(self) -> bool:
+        """Whether the API server serves EncoderPools yet."""
 
 
 def utcnow() -> datetime:
@@ -175,7 +178,11 @@ class Engine:
         while True:
             await asyncio.sleep(self.settings.resync_seconds)
             await self._cache_ready.wait()
-            visited = await self.resync_once()
+            try:
+                visited = await self.resync_once()
+            except Exception:  # noqa: BLE001 - the resync must outlive any one failed round
+                log.exception("resync failed; retrying in %.0fs", self.settings.resync_seconds)
+                continue
             log.debug("resync visited %d pools", visited)
 
     def start(self) -> None:

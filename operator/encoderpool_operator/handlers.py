@@ -15,6 +15,7 @@ the operator is down); the periodic resync is therefore the engine's own task, n
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -158,6 +159,19 @@ def build_registry(engine: Engine, cache: WatchCache) -> kopf.OperatorRegistry:
 
     @kopf.on.startup(registry=registry)
     async def start_resync(**kwargs: Any) -> None:
+        # kopf looks up which resources the API server serves once, right after the startup
+        # handlers, and (scanning disabled) never again: a pool API not served yet (the operator
+        # started before its CRD was established) would go unwatched for the process's life, and
+        # the resync waits for a handler that would never run. So the start waits for it, and
+        # retries any API error the same way (kopf retries a TemporaryError in a startup handler).
+        try:
+            served = await asyncio.to_thread(engine.client.serves_pools)
+        except errors.ApiError as exc:
+            raise kopf.TemporaryError(f"cannot tell whether {names.PLURAL} are served: {exc}",
+                                      delay=settings.wait_seconds) from exc
+        if not served:
+            raise kopf.TemporaryError(f"the API server does not serve {names.PLURAL}.{names.GROUP}/"
+                                      f"{names.VERSION} yet (is the CRD installed?)", delay=settings.wait_seconds)
         # kopf hands every handler its indexes (still empty at startup, filled by the watches).
         cache.indices.update({index_name(kind): kwargs[index_name(kind)] for kind in WATCHED})
         engine.start()

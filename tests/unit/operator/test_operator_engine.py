@@ -146,6 +146,31 @@ def test_the_resync_task_runs_periodically_and_stops() -> None:
     assert len(client.reads) >= 3
 
 
+def test_the_resync_outlives_a_round_that_crashes(caplog: pytest.LogCaptureFixture) -> None:
+    class CrashingOnce(CountingClient):
+        listed = 0
+
+        def list_pools(self, namespace: str | None) -> list[dict[str, Any]]:
+            self.listed += 1
+            if self.listed == 1:
+                raise RuntimeError("not an OperatorError")
+            return super().list_pools(namespace)
+
+    client = CrashingOnce(delay=0, pools={None: ["a"]})
+    engine = Engine(client, settings(resync_seconds=5, coalesce_seconds=0))
+    engine.settings = engine.settings.model_copy(update={"resync_seconds": 0.01})
+
+    async def main() -> None:
+        engine.cache_ready()
+        engine.start()
+        await asyncio.sleep(0.1)
+        await engine.stop()
+
+    asyncio.run(main())
+    assert "resync failed" in caplog.text
+    assert client.reads, "the rounds after the crash visit the pool"
+
+
 def test_coalesced_nudges_are_counted() -> None:
     client = CountingClient(delay=0.05)
     engine = Engine(client, settings(coalesce_seconds=0.05))
