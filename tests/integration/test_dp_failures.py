@@ -18,7 +18,7 @@ from encoder_pod.exitcodes import ExitCode
 from tests.integration.encode_client import encode
 from tests.support.media_host import MediaHost
 from testkit.media import png_data_uri
-from testkit.server import EncoderServer
+from testkit.server import EncoderServer, process_alive
 
 pytestmark = pytest.mark.integration
 
@@ -27,14 +27,6 @@ DP2 = ["--dp-size", "2"]
 
 def _info(server: EncoderServer) -> dict:
     return httpx.get(server.base_url + "/server_info", timeout=5).json()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
 
 
 def _wait(predicate, timeout: float, what: str, server: EncoderServer) -> float:
@@ -149,7 +141,7 @@ def test_a_rank_that_cannot_load_is_given_up_after_its_failed_starts_and_the_pod
     assert len(re.findall(rf"rank {rank}: worker pid \d+ died: model failed to load", log)) == 2, log[-4000:]
     assert len(re.findall(rf"\[rank {rank}\] encoder_pod.runtime: model load failed: SafetensorError", log)) == 2
     assert f"rank {rank}: given up: SafetensorError" in log
-    assert not any(_alive(int(pid)) for _, pid in starts), starts
+    assert not any(process_alive(int(pid)) for _, pid in starts), starts
     assert "Traceback" not in log
 
 
@@ -172,7 +164,7 @@ def test_sigterm_drains_every_request_stops_workers_and_removes_ipc_files(tiny_m
         # The drain delivers what the workers held, then they stop and the process exits 0.
         assert [r.status_code for r in answers] == [200] * 4, [r.text[:200] for r in answers]
         assert server.proc.wait(60) == 0
-        assert not any(_alive(pid) for pid in pids)
+        assert not any(process_alive(pid) for pid in pids)
         assert not ipc_dir.exists()
         assert "data-parallel front stopped" in server.log_text()
 
@@ -193,4 +185,4 @@ def test_hung_worker_is_killed_and_replaced(tiny_model):
         worker = _info(server)["workers"][0]
         assert worker["pid"] != victim and "without a heartbeat" in worker["last_exit"]
         assert server.metric("encoder_dp_worker_deaths_total", 'rank="0"', 'reason="hung"') == 1
-        assert not _alive(victim)
+        assert not process_alive(victim)

@@ -20,7 +20,7 @@ from encoder_pod.settings import ParallelSettings
 from tests.support.health_poller import Poller
 from testkit.load import ClosedLoop, image_bodies, refused_or_unreachable
 from testkit.media import png_data_uri
-from testkit.server import EncoderServer
+from testkit.server import EncoderServer, process_alive
 
 pytestmark = pytest.mark.integration
 
@@ -32,15 +32,6 @@ SLACK_S = 5.0
 
 def _info(server: EncoderServer) -> dict:
     return httpx.get(server.base_url + "/server_info", timeout=5).json()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split(") ", 1)[1][0] != "Z"
 
 
 def _victim(server: EncoderServer, which: str) -> int:
@@ -85,7 +76,7 @@ def test_sigstop_is_503_at_once_killed_within_the_bound_and_the_other_group_serv
             probes = poller.stop()
         finally:
             answers = load.stop()
-            if victim and _alive(victim):
+            if victim and process_alive(victim):
                 os.kill(victim, signal.SIGKILL)
         worker = _info(server)["workers"][1]
         deaths = server.metric("encoder_dp_worker_deaths_total", 'rank="1"', f'reason="{reason}"')
@@ -108,4 +99,4 @@ def test_sigstop_is_503_at_once_killed_within_the_bound_and_the_other_group_serv
     assert {a.status for a in answers} <= {200, 503}, [a for a in answers if a.status not in (200, 503)][:3]
     assert max(a.done - a.sent for a in answers) < HEARTBEAT_TIMEOUT_S + SLACK_S + 5
     assert worker["pid"] != first_pid and worker["deaths"] == 1 and deaths == 1, worker
-    assert not _alive(victim)
+    assert not process_alive(victim)

@@ -21,7 +21,7 @@ import pytest
 
 from encoder_pod.exitcodes import ExitCode
 from encoderpool_operator import names, podstate
-from testkit.server import free_port
+from testkit.server import free_port, process_alive
 
 pytestmark = pytest.mark.integration
 
@@ -127,14 +127,6 @@ def test_a_checkpoint_the_generic_path_fails_to_load_exits_3_naming_model_type_a
     assert problem == podstate.MODEL_LOAD_FAILED and "paligemma" in detail, detail
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-
-
 def test_a_data_parallel_worker_whose_load_refuses_the_checkpoint_stops_the_pod_after_one_start(tmp_path: Path) -> None:
     # The same refusal behind the data-parallel front: deterministic, so no rank is restarted
     # (ENCODER_DP_MAX_FAILED_STARTS does not apply); the first refusal stops every worker and the
@@ -156,7 +148,7 @@ def test_a_data_parallel_worker_whose_load_refuses_the_checkpoint_stops_the_pod_
     starts = re.findall(r"rank (\d): worker pid (\d+) started", log)
     assert sorted(rank for rank, _ in starts) == ["0", "1"], log[-4000:]  # one start per rank
     assert "restart #" not in log and "restarting in" not in log, log[-4000:]
-    assert not any(_alive(int(pid)) for _, pid in starts), starts
+    assert not any(process_alive(int(pid)) for _, pid in starts), starts
     assert "Traceback" not in log
     problem, detail = operator_diagnosis(done)
     assert problem == podstate.MODEL_LOAD_FAILED and "worker" in detail and "paligemma" in detail, detail
