@@ -421,22 +421,15 @@ class EncoderRuntime:
         """Stop the torch profiler and write its trace."""
         return await self.run_on_model_thread(self._profiler.stop)
 
-    async def register_receive_url(self, payload: dict[str, Any]) -> None:
-        """zmq_to_scheduler: a prefill rank tells where it receives a request's embedding."""
-        await self._transfer.register_receive_url(payload)
+    async def control(self, op: str, payload: dict[str, Any]) -> Any:
+        """A transfer backend's control operation by name (a prefill rank's call back: receive URLs,
+        mooncake pulls); the transfer router refuses one this pod's backend does not serve."""
+        return await self._transfer.control(op, payload)
 
     @property
     def registry(self) -> CollectorRegistry:
         """The registry /metrics renders (the HTTP edge adds its families to it)."""
         return self.metrics.registry
-
-    async def mooncake_meta(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """mooncake: a prefill rank pulls a part's sizes."""
-        return await self._transfer.mooncake_meta(payload)
-
-    async def mooncake_send(self, payload: dict[str, Any]) -> None:
-        """mooncake: a prefill rank asks for a staged part."""
-        await self._transfer.mooncake_send(payload)
 
     def metrics_text(self) -> bytes:
         """Prometheus text for /metrics."""

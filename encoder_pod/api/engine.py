@@ -49,11 +49,6 @@ class Engine(Protocol):
     async def stop_profile(self) -> dict[str, Any]:
         """Stop profiling."""
 
-    async def register_receive_url(self, payload: dict[str, Any]) -> None:
-        """zmq_to_scheduler receive-URL registration."""
-
-    async def mooncake_meta(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """mooncake /scheduler_receive_meta_data."""
-
-    async def mooncake_send(self, payload: dict[str, Any]) -> None:
-        """mooncake /send."""
+    async def control(self, op: str, payload: dict[str, Any]) -> Any:
+        """A transfer backend's control operation by name (:mod:`encoder_pod.transfer.registry`):
+        the answer's body; refused (400, the operation's message) where this pod's backend does not serve it."""

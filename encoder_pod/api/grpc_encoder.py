@@ -127,7 +127,7 @@ class SglangEncoderFace(pb_grpc.SglangEncoderServicer):
         await self._engine.encode(body)  # None: the ZMQ backends pushed, mooncake staged
         if self._backend is not TransferBackend.MOONCAKE:
             return pb.EncodeResponse()
-        sizes = await self._engine.mooncake_meta({"req_id": request.req_id, "part_idx": request.part_idx})
+        sizes = await self._engine.control("scheduler_receive_meta_data", {"req_id": request.req_id, "part_idx": request.part_idx})
         return pb.EncodeResponse(
             embedding_size=sizes["embedding_size"], embedding_len=sizes["embedding_len"], embedding_dim=sizes["embedding_dim"]
         )
@@ -138,7 +138,7 @@ class SglangEncoderFace(pb_grpc.SglangEncoderServicer):
         """mooncake: write the staged part into the rank's buffer, acknowledge it over ZMQ, release it."""
 
         async def send() -> pb.SendResponse:
-            await self._engine.mooncake_send(send_body(request))
+            await self._engine.control("send", send_body(request))
             return pb.SendResponse()
 
         return await self._call("Send", context, send())
@@ -149,7 +149,7 @@ class SglangEncoderFace(pb_grpc.SglangEncoderServicer):
         """zmq_to_scheduler: register where a prefill rank receives a request's embedding."""
 
         async def register() -> pb.SchedulerReceiveUrlResponse:
-            await self._engine.register_receive_url(registration_body(request))
+            await self._engine.control("scheduler_receive_url", registration_body(request))
             return pb.SchedulerReceiveUrlResponse()
 
         return await self._call("SchedulerReceiveUrl", context, register())

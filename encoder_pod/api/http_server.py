@@ -32,6 +32,8 @@ from encoder_pod.json_limits import MAX_DEPTH, JsonTooDeep, nesting_over
 from encoder_pod.metrics import EdgeMetrics
 from encoder_pod.offload import Offload, freeze_startup_objects
 from encoder_pod.settings import EncoderSettings, SettingsError
+from encoder_pod.transfer.control import ControlOp
+from encoder_pod.transfer.registry import CONTROL_OPS
 
 if TYPE_CHECKING:
     from encoder_pod.api.grpc_server import GrpcFace  # the grpc extra: imported only when ENCODER_GRPC_PORT is set
@@ -404,21 +406,11 @@ def _install_vllm(app: FastAPI, settings: EncoderSettings, engine: Engine, offlo
 
 
 def _install_control(app: FastAPI, engine: Engine, offload: Offload) -> None:
-    @app.post("/scheduler_receive_url")
-    async def scheduler_receive_url(request: Request) -> dict[str, Any]:
-        """zmq_to_scheduler: register where a prefill rank receives a request's embedding."""
-        await engine.register_receive_url(await _read_object(request, CONTROL_BODY_LIMIT, offload))
-        return {"status": "ok"}
-
-    @app.post("/scheduler_receive_meta_data")
-    async def scheduler_receive_meta_data(request: Request) -> dict[str, Any]:
-        """mooncake: a prefill rank pulls a part's sizes (waits until the part is encoded)."""
-        return await engine.mooncake_meta(await _read_object(request, CONTROL_BODY_LIMIT, offload))
-
-    @app.post("/send")
-    async def send(request: Request) -> None:
-        """mooncake: write a staged part into a prefill rank's buffer, then acknowledge it over ZMQ."""
-        await engine.mooncake_send(await _read_object(request, CONTROL_BODY_LIMIT, offload))
+    for op in CONTROL_OPS:  # each backend's routes, as its module declares them
+        app.add_api_route(
+            op.path, _control_route(op, engine, offload), methods=list(op.methods), name=op.name, description=op.doc,
+            response_model=op.answer_model,
+        )
 
     @app.api_route("/start_profile", methods=["GET", "POST"])
     async def start_profile(request: Request) -> dict[str, Any]:
@@ -429,3 +421,10 @@ def _install_control(app: FastAPI, engine: Engine, offload: Offload) -> None:
     async def stop_profile() -> dict[str, Any]:
         """Stop the profiler and write the trace."""
         return await engine.stop_profile()
+
+
+def _control_route(op: ControlOp, engine: Engine, offload: Offload) -> Callable[[Request], Awaitable[Any]]:
+    async def route(request: Request) -> Any:
+        return op.http_answer(await engine.control(op.name, await _read_object(request, CONTROL_BODY_LIMIT, offload)))
+
+    return route

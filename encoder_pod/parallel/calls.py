@@ -14,7 +14,7 @@ from typing import Any
 
 from encoder_pod.errors import EncoderError, InvalidRequest, RequestTimeout
 from encoder_pod.parallel.handle import WorkerRecord
-from encoder_pod.parallel.messages import Call, Cancel, ControlOp, Error, Frame, ProtocolError, Result, pack
+from encoder_pod.parallel.messages import Call, Cancel, Error, Frame, ProtocolError, Result, pack
 
 Answer = tuple[Result, list[Frame]]
 """A worker's Result and the raw frames after it."""
@@ -60,7 +60,7 @@ class Calls:
         except EncoderError:
             pass  # the worker is gone; so is the work
 
-    async def control(self, handle: WorkerRecord, op: ControlOp, args: dict[str, Any], timeout: float) -> Any:
+    async def control(self, handle: WorkerRecord, op: str, args: dict[str, Any], timeout: float) -> Any:
         """A control operation on one worker; its answer's body."""
         msg = Call(self.next_id(), op, args)
         try:

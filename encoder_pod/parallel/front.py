@@ -45,7 +45,8 @@ from encoder_pod.parallel.handle import RankState, WorkerRecord
 from encoder_pod.parallel.ipc import IpcDir
 from encoder_pod.parallel.key_routing import KeyRouting, pod_cache_info, request_keys
 from encoder_pod.parallel.messages import (
-    ControlOp,
+    START_PROFILE,
+    STOP_PROFILE,
     Error,
     Frame,
     Message,
@@ -65,7 +66,7 @@ from encoder_pod.protocol import EncodeRequest, parse_encode_request
 from encoder_pod.readiness import STALE_HEARTBEAT_S
 from encoder_pod.settings import EncoderSettings, TransferBackend, model_dir
 from encoder_pod.transfer.inline import InlineAnswer
-from encoder_pod.transfer.receive_urls import parse_registration
+from encoder_pod.transfer.registry import control_op
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +309,7 @@ class DataParallelFront:
                 f"every worker holds ENCODER_DP_WORKER_MAX_INFLIGHT={self.settings.parallel.dp_worker_max_inflight}"
             ) from None
 
-    # --- fan-out: health, profiling, receive URLs -------------------------------------------
+    # --- fan-out: health, profiling; transfer control ------------------------------------
     async def health(self) -> None:
         """503 unless every rank is ready, heard from within STALE_HEARTBEAT_S and its own verdict
         (a real tiny encode or live traffic, kept by the worker) is ready. From state only: this
@@ -341,7 +342,7 @@ class DataParallelFront:
             return f"worker {handle.rank}: {inc.health_error or 'not ready'}"
         return None
 
-    async def _fan_out(self, op: ControlOp, args_of: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
+    async def _fan_out(self, op: str, args_of: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
         ready = [h for h in self._handles() if h.state is RankState.READY]
         if not ready:
             raise self._no_worker()
@@ -364,33 +365,27 @@ class DataParallelFront:
         if not isinstance(base, str):
             raise InvalidRequest("field 'output_dir': must be a path")
         return await self._fan_out(
-            ControlOp.START_PROFILE, lambda rank: {**options, "output_dir": os.path.join(base, f"rank-{rank}")}
+            START_PROFILE, lambda rank: {**options, "output_dir": os.path.join(base, f"rank-{rank}")}
         )
 
     async def stop_profile(self) -> dict[str, Any]:
         """Stop the profiler on every ready worker."""
-        return await self._fan_out(ControlOp.STOP_PROFILE, lambda rank: {})
+        return await self._fan_out(STOP_PROFILE, lambda rank: {})
 
-    async def register_receive_url(self, payload: dict[str, Any]) -> None:
-        """Hand a receive URL to the worker that runs (or will run, or ran) its request."""
-        req_id = parse_registration(payload).req_id if self._sticky else None  # a malformed body never reaches a worker
-        await self._to_owner(req_id, ControlOp.RECEIVE_URL, payload)
+    async def control(self, op: str, payload: dict[str, Any]) -> Any:
+        """A prefill rank's call back about a req_id (receive URLs, mooncake pulls) goes to the
+        worker that runs (or will run, or ran) that request; one this pod's backend does not serve
+        is refused here, with the operation's message."""
+        declared = control_op(op)
+        declared.check(self.settings.transfer.transfer_backend)  # past it, the backend is one of the sticky ones
+        req_id = declared.req_id_of(payload)  # a malformed registration never reaches a worker
+        return await self._to_owner(req_id, op, payload)
 
-    async def mooncake_meta(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """mooncake: the sizes pull goes to the worker that holds (or will hold) the part."""
-        req_id = payload.get("req_id")
-        return await self._to_owner(req_id if isinstance(req_id, str) and self._sticky else None, ControlOp.MOONCAKE_META, payload)
-
-    async def mooncake_send(self, payload: dict[str, Any]) -> None:
-        """mooncake: the write request goes to the worker that holds the staged part."""
-        req_id = payload.get("req_id")
-        await self._to_owner(req_id if isinstance(req_id, str) and self._sticky else None, ControlOp.MOONCAKE_SEND, payload)
-
-    async def _to_owner(self, req_id: str | None, op: ControlOp, payload: dict[str, Any]) -> Any:
+    async def _to_owner(self, req_id: str | None, op: str, payload: dict[str, Any]) -> Any:
         """A prefill rank's call about ``req_id`` goes to the worker bound to it (binding one if none is)."""
         rank = self._affinity.get(req_id) if req_id is not None else None
         if rank is None or not self._router.is_ready(rank):
-            # Unbound (or a backend that never calls back: any worker answers with the single-process message).
+            # Unbound (or no req_id to route by): any worker; its answer is the single-process one.
             rank = self._router.pick(full_ok=True)
             if rank is None:
                 raise self._no_worker()

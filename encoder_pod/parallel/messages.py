@@ -28,11 +28,12 @@ from encoder_pod.facts import ReplicaReport
 from encoder_pod.modality import Modality
 from encoder_pod.protocol import EncodeRequest, ItemSpec
 from encoder_pod.readiness import LoadStep, ReplicaState
+from encoder_pod.transfer.registry import CONTROL_OPS
 
 Frame = bytes | bytearray | memoryview
 """One raw frame of a multipart message."""
 
-WIRE_VERSION = 7
+WIRE_VERSION = 8
 """Bumped on any change of a struct; both ends are one install, so a mismatch is a bug."""
 
 
@@ -73,14 +74,17 @@ class MsgKind(IntEnum):
     ERROR = 22
 
 
-class ControlOp(str, Enum):
-    """What a :class:`Call` asks a worker to do (fanned out to every rank by the front)."""
+START_PROFILE = "start_profile"
+"""The :class:`Call` op that starts a worker's profiler (fanned out to every rank by the front)."""
+STOP_PROFILE = "stop_profile"
+"""The :class:`Call` op that stops it."""
 
-    START_PROFILE = "start_profile"
-    STOP_PROFILE = "stop_profile"
-    RECEIVE_URL = "receive_url"
-    MOONCAKE_META = "mooncake_meta"
-    MOONCAKE_SEND = "mooncake_send"
+
+def _op_name(value: Any) -> str:
+    """A :class:`Call`'s op: profiling's, or a registered transfer operation's name."""
+    if value not in (START_PROFILE, STOP_PROFILE) and value not in {op.name for op in CONTROL_OPS}:
+        raise ValueError(f"unknown control operation {value!r:.80}")
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -102,12 +106,14 @@ class Cancel:
 
 @dataclass(frozen=True)
 class Call:
-    """Front -> worker: a control operation answered by a :class:`Result` or :class:`Error`."""
+    """Front -> worker: a control operation by name, answered by a :class:`Result` or :class:`Error`:
+    :data:`START_PROFILE`, :data:`STOP_PROFILE`, or a transfer backend's operation
+    (:mod:`encoder_pod.transfer.registry`); any other name is a ProtocolError when decoded."""
 
     KIND: ClassVar[MsgKind] = MsgKind.CALL
-    _DECODE: ClassVar[dict[str, Callable[[Any], Any]]] = {"op": ControlOp}
+    _DECODE: ClassVar[dict[str, Callable[[Any], Any]]] = {"op": _op_name}
     call_id: int
-    op: ControlOp
+    op: str
     args: dict[str, Any]
 
 

@@ -30,7 +30,8 @@ from encoder_pod.metrics import ReplicaMetrics
 from encoder_pod.parallel.messages import (
     Call,
     Cancel,
-    ControlOp,
+    START_PROFILE,
+    STOP_PROFILE,
     Encode,
     Error,
     Frame,
@@ -271,15 +272,13 @@ class WorkerServer:
         async def work() -> Any:
             if self.runtime is None:
                 raise NotReady("model is still loading")
-            if msg.op is ControlOp.START_PROFILE:
+            if msg.op == START_PROFILE:
                 return await self.runtime.start_profile(msg.args)
-            if msg.op is ControlOp.STOP_PROFILE:
+            if msg.op == STOP_PROFILE:
                 return await self.runtime.stop_profile()
-            if msg.op is ControlOp.MOONCAKE_META:
-                return await self.runtime.mooncake_meta(msg.args)
-            if msg.op is ControlOp.MOONCAKE_SEND:
-                return await self.runtime.mooncake_send(msg.args)
-            return await self.runtime.register_receive_url(msg.args)
+            # A transfer backend's operation by name: one the registry does not declare is an
+            # UnknownControlOp (500) from the runtime's transfer router, never another operation.
+            return await self.runtime.control(msg.op, msg.args)
 
         await self._answer(msg.call_id, work)
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
 
-from encoder_pod.errors import EncoderError, InvalidRequest
+from encoder_pod.errors import EncoderError
 from encoder_pod.models.base import EncodedPart
 from encoder_pod.protocol import EncodeRequest
 from encoder_pod.transfer.inline import InlineAnswer
@@ -23,10 +22,6 @@ class Transfer(ABC):
     async def deliver_error(self, request: EncodeRequest, error: EncoderError) -> None:
         """Tell the receiver this request failed, so it stops waiting (no-op for inline)."""
         return None
-
-    async def register_receive_url(self, payload: dict[str, Any]) -> None:
-        """Accept a prefill rank's receive URL (zmq_to_scheduler only)."""
-        raise InvalidRequest(f"/scheduler_receive_url is not used by the {self.name} transfer backend")
 
     async def close(self) -> None:
         """Release sockets and threads."""

@@ -19,6 +19,9 @@ The flow (the same in SGLang 0.5.19 .. 0.5.23, ``WaitingRDMARequest`` on the pre
 The receiver views the landing buffer in ITS model dtype, so the pod's ``DTYPE`` must be the
 prefill model's. A failed encode is published instead of sizes: the waiting pulls get its status
 and message. Everything lives on the event loop that serves the routes.
+
+Both routes are declared here, once (:data:`CONTROL_OPS`): auto and mooncake serve them. This
+module imports no torch (the front and the HTTP edge read the declarations).
 """
 
 from __future__ import annotations
@@ -26,15 +29,18 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from encoder_pod.errors import DuplicateRequest, EncoderError, InvalidRequest, Overloaded, RequestTimeout, TransferFailed
-from encoder_pod.models.base import EncodedPart
 from encoder_pod.protocol import MAX_REQ_ID_LEN, EncodeRequest
+from encoder_pod.settings import TransferBackend
+from encoder_pod.transfer.control import ControlOp
 from encoder_pod.transfer.mooncake_engine import MooncakeEngine
-from encoder_pod.transfer.push_sender import PushSender
-from encoder_pod.transfer.sglang_frames import SglangCodec
-from encoder_pod.transfer.zmq_push import endpoint
+from encoder_pod.transfer.push_sender import PushSender, endpoint
+
+if TYPE_CHECKING:  # both import torch; the staging only handles their instances
+    from encoder_pod.models.base import EncodedPart
+    from encoder_pod.transfer.sglang_frames import SglangCodec
 
 
 @dataclass
@@ -193,3 +199,33 @@ class MooncakeStaging:
         """Release everything still staged."""
         for key in list(self._entries):
             self._release(self._entries.pop(key))
+
+
+def _refusal(path: str) -> str:
+    return f"{path} is mooncake's; this pod's transfer backend is {{backend}} (ENCODER_TRANSFER_BACKEND=auto or mooncake serves it)"
+
+
+_SERVED_BY = frozenset({TransferBackend.AUTO, TransferBackend.MOONCAKE})
+
+CONTROL_OPS = (
+    ControlOp(
+        name="scheduler_receive_meta_data",
+        path="/scheduler_receive_meta_data",
+        doc="mooncake: a prefill rank pulls a part's sizes (waits until the part is encoded).",
+        owner=MooncakeStaging,
+        handler=MooncakeStaging.meta,
+        served_by=_SERVED_BY,
+        refusal=_refusal("/scheduler_receive_meta_data"),
+    ),
+    ControlOp(
+        name="send",
+        path="/send",
+        doc="mooncake: write a staged part into a prefill rank's buffer, then acknowledge it over ZMQ.",
+        owner=MooncakeStaging,
+        handler=MooncakeStaging.send,
+        served_by=_SERVED_BY,
+        refusal=_refusal("/send"),
+        answer_model=None,  # SGLang's rank reads only the status
+    ),
+)
+"""mooncake's control operations: the ranks' sizes pull and their write request."""

@@ -41,6 +41,11 @@ from encoder_pod.errors import TransferFailed
 from encoder_pod.transfer.push_connection import Broken, Connection, PushCommand, drain, host_port, resolve
 from encoder_pod.transfer.zmtp import ProtocolError, message_segments
 
+
+def endpoint(host: str, port: int) -> str:
+    """``tcp://host:port``, bracketing IPv6 literals."""
+    return f"tcp://[{host}]:{port}" if ":" in host and not host.startswith("[") else f"tcp://{host}:{port}"
+
 log = logging.getLogger(__name__)
 
 __all__ = ["PushSender", "host_port"]

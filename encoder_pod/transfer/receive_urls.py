@@ -6,6 +6,8 @@ arrives. The delivery waits until ``receive_count`` distinct URLs are in, up to 
 then pushes to each. State lives on the event loop that serves both routes; every entry is
 removed when its delivery takes it, when its wait times out, or ``ttl`` after its first
 registration if no ``/encode`` ever comes; the table is bounded (429 beyond).
+
+The route is declared here, once (:data:`CONTROL_OPS`): auto and zmq_to_scheduler serve it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any, Callable
 from encoder_pod.errors import InvalidRequest, Overloaded, TransferFailed
 from encoder_pod.modality import Modality
 from encoder_pod.protocol import MAX_REQ_ID_LEN
+from encoder_pod.settings import TransferBackend
+from encoder_pod.transfer.control import ControlOp
 
 MAX_RECEIVE_COUNT = 1024
 
@@ -176,3 +180,23 @@ class ReceiveUrlTable:
         for key in stale:
             del self._entries[key]
         return len(stale)
+
+
+async def _register(table: ReceiveUrlTable, body: dict[str, Any]) -> None:
+    table.register(parse_registration(body))
+
+
+CONTROL_OPS = (
+    ControlOp(
+        name="scheduler_receive_url",
+        path="/scheduler_receive_url",
+        doc="zmq_to_scheduler: register where a prefill rank receives a request's embedding.",
+        owner=ReceiveUrlTable,
+        handler=_register,
+        served_by=frozenset({TransferBackend.AUTO, TransferBackend.ZMQ_TO_SCHEDULER}),
+        refusal="/scheduler_receive_url is not used by the {backend} transfer backend of this pod",
+        req_id_of=lambda body: parse_registration(body).req_id,
+        ok_body=True,
+    ),
+)
+"""The control operations of receive-URL registration (zmq_to_scheduler, and auto)."""

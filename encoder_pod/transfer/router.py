@@ -12,6 +12,10 @@ servers). With ``prefill_host``, TRANSFER_BACKEND decides:
   with that setting.
 - ``inline`` never pushes: a request naming a prefill target is refused (400) rather than
   answered with a body its receiver never reads.
+
+The prefill ranks' calls back (receive URLs, mooncake's pulls) arrive as :meth:`TransferRouter.control`
+by name: the operation declared in :mod:`~encoder_pod.transfer.registry` is refused with its one
+message unless this pod's backend serves it, else run on the object that holds its state.
 """
 
 from __future__ import annotations
@@ -20,13 +24,14 @@ import asyncio
 import time
 from typing import Any
 
-from encoder_pod.errors import EncoderError, InvalidRequest, TransferFailed
+from encoder_pod.errors import EncoderError, InternalError, InvalidRequest, TransferFailed
 from encoder_pod.models.base import EncodedPart
 from encoder_pod.protocol import EncodeRequest
 from encoder_pod.settings import TransferBackend, TransferSettings
 from encoder_pod.transfer.base import InlineTransfer, Transfer
 from encoder_pod.transfer.mooncake import MooncakeStaging
 from encoder_pod.transfer.mooncake_engine import MooncakeEngine, engine_hostname
+from encoder_pod.transfer.registry import control_op
 from encoder_pod.transfer.sglang_frames import SglangCodec
 from encoder_pod.transfer.zmq_push import ZmqTransfer
 
@@ -107,9 +112,12 @@ class TransferRouter:
         self._zmq: ZmqTransfer | None = None
         self._staging: MooncakeStaging | None = None
         self._pulled: Transfer | None = None
+        self._owners: list[object] = []
+        """The objects whose state control operations work on (each op names its owner's class)."""
         if self.backend is TransferBackend.INLINE:
             return
         self._zmq = ZmqTransfer(settings, self.backend, max_registrations=max_registrations)
+        self._owners.append(self._zmq.receive_urls)
         if self.backend in (TransferBackend.AUTO, TransferBackend.MOONCAKE):
             engine = MooncakeEngine(
                 engine_hostname(settings.mooncake_hostname, bind_host), settings.mooncake_protocol, settings.mooncake_device
@@ -118,6 +126,7 @@ class TransferRouter:
                 engine, self._zmq.sender, SglangCodec(settings.sglang_version), ttl=settings.send_timeout,
                 max_entries=2 * max_registrations,  # in flight, plus staged parts whose ranks have not sent yet
             )
+            self._owners.append(self._staging)
             if self.backend is TransferBackend.MOONCAKE:
                 self._pulled = MooncakeTransfer(self._staging)
             else:
@@ -143,27 +152,15 @@ class TransferRouter:
             return self._zmq
         return self._pulled
 
-    async def register_receive_url(self, payload: dict[str, Any]) -> None:
-        """``/scheduler_receive_url`` (zmq_to_scheduler, or auto)."""
-        if self._zmq is None or self.backend is TransferBackend.MOONCAKE:
-            raise InvalidRequest(f"/scheduler_receive_url is not used by the {self.backend.value} transfer backend of this pod")
-        await self._zmq.register_receive_url(payload)
-
-    def _mooncake(self, route: str) -> MooncakeStaging:
-        if self._staging is None:
-            raise InvalidRequest(
-                f"{route} is mooncake's; this pod's transfer backend is {self.backend.value} "
-                "(ENCODER_TRANSFER_BACKEND=auto or mooncake serves it)"
-            )
-        return self._staging
-
-    async def mooncake_meta(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """``/scheduler_receive_meta_data``."""
-        return await self._mooncake("/scheduler_receive_meta_data").meta(payload)
-
-    async def mooncake_send(self, payload: dict[str, Any]) -> None:
-        """``/send``."""
-        await self._mooncake("/send").send(payload)
+    async def control(self, name: str, payload: dict[str, Any]) -> Any:
+        """Run the control operation ``name`` (:mod:`~encoder_pod.transfer.registry`) on the backend
+        that holds its state; refused with the operation's one message unless this pod's backend serves it."""
+        op = control_op(name)
+        op.check(self.backend)
+        owner = next((o for o in self._owners if isinstance(o, op.owner)), None)
+        if owner is None:
+            raise InternalError(f"{op.path}: the {self.backend.value} backend declares it but holds no {op.owner.__name__}")
+        return await op.handler(owner, payload)
 
     async def close(self) -> None:
         """Close every backend."""

@@ -23,8 +23,8 @@ from encoder_pod.protocol import EncodeRequest
 from encoder_pod.settings import TransferBackend, TransferSettings, WireFormat
 from encoder_pod.transfer.base import Transfer
 from encoder_pod.transfer.frames import FrameCodec, codec_for
-from encoder_pod.transfer.push_sender import PushSender, host_port
-from encoder_pod.transfer.receive_urls import ReceiveUrlTable, parse_registration
+from encoder_pod.transfer.push_sender import PushSender, endpoint, host_port
+from encoder_pod.transfer.receive_urls import ReceiveUrlTable
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +34,6 @@ def wire_name(settings: TransferSettings) -> str:
     if settings.wire_format is WireFormat.ENCODERPOOL:
         return "encoderpool"
     return f"sglang={settings.sglang_version}"
-
-
-def endpoint(host: str, port: int) -> str:
-    """``tcp://host:port``, bracketing IPv6 literals."""
-    return f"tcp://[{host}]:{port}" if ":" in host and not host.startswith("[") else f"tcp://{host}:{port}"
 
 
 class ZmqTransfer(Transfer):
@@ -69,6 +64,11 @@ class ZmqTransfer(Transfer):
         # A failed push's destinations and the ones that failed: the error part goes to the others.
         self._after_failure: dict[str, tuple[tuple[str, ...], set[str]]] = {}
         self._background: set[asyncio.Task[None]] = set()
+
+    @property
+    def receive_urls(self) -> ReceiveUrlTable:
+        """The prefill ranks' registrations (the ``scheduler_receive_url`` operation's state)."""
+        return self._table
 
     @property
     def sender(self) -> PushSender:
@@ -165,12 +165,6 @@ class ZmqTransfer(Transfer):
         task = asyncio.get_running_loop().create_task(self._push_error(request, endpoints, frames))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    async def register_receive_url(self, payload: dict[str, Any]) -> None:
-        """Record a prefill rank's receive URL (zmq_to_scheduler)."""
-        if self._backend is TransferBackend.ZMQ_TO_TOKENIZER:
-            raise InvalidRequest(f"/scheduler_receive_url is not used by the {self.name} transfer backend")
-        self._table.register(parse_registration(payload))
 
     def forget(self, req_id: str) -> None:
         """Drop what is known about ``req_id`` (its embedding went another way)."""

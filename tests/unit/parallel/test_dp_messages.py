@@ -11,7 +11,7 @@ from encoder_pod.modality import Modality
 from encoder_pod.parallel.messages import (
     WIRE_VERSION,
     Call,
-    ControlOp,
+    START_PROFILE,
     Encode,
     Error,
     MetricFamily,
@@ -70,8 +70,8 @@ def test_error_keeps_kind_and_status_across_the_boundary():
 
 
 def test_enums_come_back_typed():
-    call, _ = unpack(pack(Call(1, ControlOp.START_PROFILE, {"num_steps": 2})))
-    assert isinstance(call, Call) and call.op is ControlOp.START_PROFILE
+    call, _ = unpack(pack(Call(1, START_PROFILE, {"num_steps": 2})))
+    assert isinstance(call, Call) and call.op == START_PROFILE and call.args == {"num_steps": 2}
     families = (MetricFamily("m", "counter", "M.", "", (MetricSample("_total", {"a": "b"}, 1.0),)),)
     status, _ = unpack(pack(Status(0, 1, 123, ReplicaState.READY, None, 1.5, metrics=families)))
     assert isinstance(status, Status) and status.state is ReplicaState.READY and status.metrics == families

@@ -52,9 +52,9 @@ def test_a_prefill_target_on_an_inline_pod_is_a_clear_400():
         router.for_request(_request(port=5000))
     assert info.value.http_status == 400
     with pytest.raises(InvalidRequest, match="not used by the inline"):
-        asyncio.run(router.register_receive_url({"req_id": "r", "receive_count": 1, "receive_url": "h:1"}))
+        asyncio.run(router.control("scheduler_receive_url", {"req_id": "r", "receive_count": 1, "receive_url": "h:1"}))
     with pytest.raises(InvalidRequest, match="mooncake's.*ENCODER_TRANSFER_BACKEND=auto or mooncake"):
-        asyncio.run(router.mooncake_meta({"req_id": "r", "part_idx": 0}))
+        asyncio.run(router.control("scheduler_receive_meta_data", {"req_id": "r", "part_idx": 0}))
 
 
 def test_zmq_to_tokenizer_needs_its_one_port():
@@ -63,7 +63,7 @@ def test_zmq_to_tokenizer_needs_its_one_port():
         with pytest.raises(InvalidRequest, match="exactly one port, got none"):
             router.for_request(_request(port=None))
         with pytest.raises(InvalidRequest, match="mooncake's"):
-            asyncio.run(router.mooncake_send({"req_id": "r"}))
+            asyncio.run(router.control("send", {"req_id": "r"}))
     finally:
         asyncio.run(router.close())
 
@@ -76,7 +76,7 @@ def test_a_pod_without_the_mooncake_package_refuses_mooncake_pulls_with_a_clear_
     router = _router("auto")
     try:
         with pytest.raises(InvalidRequest, match="not available on this pod.*encoderpool\\[mooncake\\].*libibverbs1") as info:
-            asyncio.run(router.mooncake_meta({"req_id": "r_local_part_0", "part_idx": 0}))
+            asyncio.run(router.control("scheduler_receive_meta_data", {"req_id": "r_local_part_0", "part_idx": 0}))
         assert info.value.http_status == 400
     finally:
         asyncio.run(router.close())
