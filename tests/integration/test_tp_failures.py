@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from tests.integration.encode_client import encode
-from tests.integration.test_dp_failures import Load, _alive, _info, _wait
+from tests.integration.test_dp_failures import Load, _info, _wait
 from testkit.media import png_data_uri
-from testkit.server import EncoderServer
+from testkit.server import EncoderServer, process_alive
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +56,7 @@ def test_sigkill_of_a_follower_under_load_restarts_the_group_and_answers_everyon
         assert worker["pid"] != leader and _follower(server) != victim
         assert "tensor-parallel group went down" in worker["last_exit"]
         assert server.metric("encoder_dp_worker_deaths_total", 'reason="tp_group_down"') == 1
-        assert not _alive(leader)
+        assert not process_alive(leader)
         # Whichever noticed first (the watcher, or a broadcast to the dead peer), the group said why.
         assert "tensor-parallel group dp0 is down" in server.log_text()
 
@@ -79,9 +79,9 @@ def test_a_hung_follower_turns_into_a_collective_timeout_not_a_hang(tiny_model):
             _wait(lambda: _healthy(server), 120, "group replaced", server)
             assert encode(server.base_url, "after", [png_data_uri(40, 40)], timeout=30).status_code == 200
             # rank 0 killed its stopped follower on the way down: nothing is left behind.
-            _wait(lambda: not _alive(victim), 10, "old follower gone", server)
+            _wait(lambda: not process_alive(victim), 10, "old follower gone", server)
         finally:
-            if _alive(victim):
+            if process_alive(victim):
                 os.kill(victim, signal.SIGKILL)
         assert server.metric("encoder_dp_worker_deaths_total", 'reason="tp_group_down"') == 1
 
@@ -92,7 +92,7 @@ def test_sigkill_of_rank_0_takes_its_followers_down_and_the_group_comes_back(tin
     with EncoderServer(tiny_model("clip"), env=env, args=TP2) as server:
         leader, follower = _info(server)["workers"][0]["pid"], _follower(server)
         os.kill(leader, signal.SIGKILL)
-        _wait(lambda: not _alive(follower), 10, "orphaned follower exits", server)
+        _wait(lambda: not process_alive(follower), 10, "orphaned follower exits", server)
         _wait(lambda: _healthy(server), 120, "group back", server)
         assert encode(server.base_url, "after", [png_data_uri(40, 40)], timeout=30).status_code == 200
         assert _info(server)["workers"][0]["last_exit"] == "killed by SIGKILL"
