@@ -15,142 +15,34 @@ speech-seq2seq tables, every class there with ``get_image_features`` / ``get_vid
 
 Tiny checkpoints are built once per transformers version and builder source, in one subprocess
 (memory freed per family), into ``$ENCODERPOOL_CACHE``. The family table of docs/models.md is
-this test's output: it rewrites the table and fails when the table changed.
+this test's output: it rewrites the table and fails when the table changed. The gpu tier serves
+the families it lists as generic in bf16 on a GPU (``tests/gpu/test_generic_families_cuda.py``);
+that proof also runs here on CPU for one family, to check the test itself. The shared pieces are
+in :mod:`tests.integration.generic_core`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-import torch
 
-from encoder_pod.exitcodes import ExitCode
 from encoder_pod.models import tiny_generic
-from encoder_pod.models.families import default_registry
-from encoder_pod.models.generic import feature_rows
-from encoder_pod.models.servable import model_class, refusal
 from encoder_pod.transfer.inline import decode_embedding
 from testkit.media import png_data_uri
 from testkit.server import EncoderServer
+from tests.integration.generic_core import (
+    BEGIN, DOC, END, IMAGES, build_all, cache_dir, classify, prove_generic_bf16, reference, wait_loaded,
+)
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
-DOC = REPO / "docs" / "models.md"
-BEGIN, END = "<!-- generic-families:begin -->", "<!-- generic-families:end -->"
-IMAGES = ((64, 48, 1), (40, 72, 2))  # (width, height, seed): two sizes in one request
-
-
-def cache_dir() -> Path:
-    import transformers
-
-    source = Path(tiny_generic.__file__).read_bytes()
-    key = f"{transformers.__version__}-{hashlib.sha256(source).hexdigest()[:12]}"
-    root = Path(os.environ.get("ENCODERPOOL_CACHE") or Path.home() / ".cache" / "encoderpool")
-    out = root / "tiny-generic" / key
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
-def build_all(cache: Path, types: list[str]) -> dict[str, dict[str, Any]]:
-    """The builder's verdict per type, building only what the cache lacks (one subprocess)."""
-    results_file = cache / "results.jsonl"
-    known = {}
-    if results_file.is_file():
-        known = {r["model_type"]: r for r in map(json.loads, results_file.read_text().splitlines())}
-    todo = [t for t in types if t not in known]
-    if todo:
-        done = subprocess.run([sys.executable, "-m", "encoder_pod.models.tiny_generic", str(cache), *todo],
-                              capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-        assert [r["model_type"] for r in lines] == todo, done.stderr[-3000:]
-        with results_file.open("a") as f:
-            for line in lines:
-                f.write(json.dumps(line) + "\n")
-        known.update({r["model_type"]: r for r in lines})
-    return {t: known[t] for t in types}
-
-
-def classify(model_type: str, tmp: Path) -> tuple[str, str] | None:
-    """("hand-written" | "refused", why) from config.json alone, or None when the generic path takes it."""
-    cls = model_class({"model_type": model_type})
-    config = {"model_type": model_type, "architectures": [cls.__name__]}
-    where = tmp / model_type
-    where.mkdir()
-    (where / "config.json").write_text(json.dumps(config))
-    if default_registry().recognise_all(where, config):
-        return "hand-written", f"its own adapter ({cls.__name__})"
-    refused = refusal(where, default_registry())
-    return ("refused", refused.reason) if refused is not None else None
-
-
-def reference(model_dir: Path) -> tuple[list[int], list[np.ndarray]]:
-    """Per image: the processor's placeholder count and the HF model's own feature rows."""
-    from PIL import Image
-    import io, base64  # noqa: E401
-
-    from transformers import AutoProcessor
-
-    processor = AutoProcessor.from_pretrained(model_dir)
-    model = model_class(json.loads((model_dir / "config.json").read_text())).from_pretrained(model_dir).eval()
-    token = processor.image_token
-    token_id = processor.image_token_id if isinstance(getattr(processor, "image_token_id", None), int) \
-        else processor.tokenizer.convert_tokens_to_ids(token)
-    counts, rows = [], []
-    accepts = __import__("inspect").signature(model.get_image_features).parameters
-    for width, height, seed in IMAGES:
-        data = base64.b64decode(png_data_uri(width, height, seed).split(",", 1)[1])
-        image = Image.open(io.BytesIO(data)).convert("RGB")
-        encoded = processor(text=[token], images=[image], return_tensors="pt")
-        counts.append(int((encoded["input_ids"][0] == token_id).sum()))
-        with torch.no_grad():
-            kwargs = {k: v for k, v in encoded.items() if k in accepts and k not in ("input_ids", "attention_mask")}
-            rows.append(feature_rows(model.get_image_features(**kwargs)).float().numpy())
-    return counts, rows
-
-
-def wait_loaded(server: EncoderServer, model_type: str) -> str:
-    """'' once the server is ready; the reason when it exited refusing the checkpoint at load.
-
-    A load failure must stop the process with code 3 and a last line naming the model type and
-    the reason (as the start-up check's refusals do); a server that stays up unready fails the test.
-    """
-    assert server.proc is not None
-    deadline = time.monotonic() + 240
-    failed_at = None
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            log = server.log_text()
-            last = log.strip().splitlines()[-1]
-            assert server.proc.returncode == ExitCode.MODEL_LOAD_FAILED, log[-3000:]
-            prefix = f"cannot serve model_type {model_type!r}: "
-            assert prefix in last and "Traceback" not in log, log[-3000:]
-            return "refused at load (exit 3): " + last.split(prefix, 1)[1].removeprefix("the generic path cannot load it: ")
-        try:
-            state = httpx.get(server.base_url + "/server_info", timeout=10).json()["state"]
-        except httpx.TransportError:  # not listening yet, or just stopped
-            state = "loading"
-        if state == "ready":
-            return ""
-        if state == "failed":  # the exit follows within a second or two (uvicorn's shutdown)
-            failed_at = failed_at or time.monotonic()
-            stuck = time.monotonic() - failed_at > 15
-            assert not stuck, f"the server stayed up failed instead of exiting 3:\n{server.log_text()[-3000:]}"
-        else:
-            assert state == "loading", server.log_text()[-3000:]
-        time.sleep(0.2)
-    raise AssertionError(f"not loaded after 240 s:\n{server.log_text()[-3000:]}")
+CPU_CHECKED = "paligemma"
+"""The one small generic family whose bf16 proof (the gpu tier's) is also run here, on CPU."""
 
 
 def serve_and_check(model_dir: Path) -> str:
@@ -231,3 +123,15 @@ def test_every_family_with_feature_methods_is_served_or_refused_with_a_reason(tm
     if new != text:
         DOC.write_text(new)
     assert new == text, "docs/models.md's family table changed: it is rewritten, commit it"
+
+
+def test_the_gpu_tiers_bf16_proof_holds_on_cpu(tmp_path: Path) -> None:
+    """``prove_generic_bf16`` (tests/gpu/test_generic_families_cuda.py) run on CPU with ENCODER_DTYPE=bfloat16.
+
+    Checks the gpu tier's test itself where no GPU is lent: one small family served generically.
+    """
+    assert classify(CPU_CHECKED, tmp_path) is None, f"{CPU_CHECKED} is no longer taken by the generic path"
+    cache = cache_dir()
+    verdict = build_all(cache, [CPU_CHECKED])[CPU_CHECKED]
+    assert verdict["ok"], verdict
+    prove_generic_bf16(CPU_CHECKED, cache / CPU_CHECKED, "cpu")
