@@ -53,8 +53,6 @@ pull.EmbeddingReceiver.rejected
 push_sender.PushSender.open_sockets
 # pydantic reads model_config.
 _.model_config
-# An enum member parsed from the environment (ENCODER_TRANSFER_BACKEND=zmq_to_scheduler).
-_.ZMQ_TO_SCHEDULER
 # Set on library objects that read them: PyAV's decoder, the HF CLIP config, the tiny checkpoints'
 # tokenizers.Tokenizer; the Kubernetes client's Configuration; kopf's OperatorSettings.
 _.thread_type

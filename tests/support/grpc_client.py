@@ -18,7 +18,12 @@ class GrpcClient:
 
     def __init__(self, port: int, max_receive: int = 4 * MiB) -> None:
         self.target = f"127.0.0.1:{port}"
-        self.channel = grpc.insecure_channel(self.target, options=[("grpc.max_receive_message_length", max_receive)])
+        # A channel that failed to connect waits out a growing reconnect backoff (1 s, x1.6, up to
+        # 120 s) and fails every call meanwhile: a client polling a starting pod would miss its
+        # loading phase altogether. Tests poll, so it retries within 100-250 ms.
+        options = [("grpc.max_receive_message_length", max_receive), ("grpc.initial_reconnect_backoff_ms", 100),
+                   ("grpc.min_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 250)]
+        self.channel = grpc.insecure_channel(self.target, options=options)
         self.encoder = pb_grpc.SglangEncoderStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
 
